@@ -1,0 +1,40 @@
+"""Shared measuring tools for the benchmark scripts (not a test; asserts nothing)."""
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int = 50, number: int = 1) -> float:
+    """Median wall time of `fn()` over `repeat` runs (after one warm-up call)."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / number)
+    return statistics.median(times)
+
+
+def hlo_op_count(fn: Callable[..., Any], *args: Any) -> int:
+    """Number of instructions in the optimised, compiled HLO of `jax.jit(fn)`."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return sum(
+        1
+        for line in text.splitlines()
+        if " = " in line and not line.lstrip().startswith(("HloModule", "//"))
+    )
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """Format a plain-text table with right-aligned columns."""
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

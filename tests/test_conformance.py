@@ -1,0 +1,246 @@
+"""The conformance matrix: every case in `_cases.CASES` against every PyTree operation.
+
+The reference is always the raw distrax/TFP object built from the same arrays.
+"""
+
+import functools
+import io
+
+import distrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from _cases import CASES, DISTRAX, DISTRAX_NOT_CONSTRUCTIBLE, RAW, TFP_BIJECTORS, Case
+from tensorflow_probability.substrates import jax as tfp
+
+import eqxprob as ep
+
+
+tfd = tfp.distributions
+tfb = tfp.bijectors
+KEY = jax.random.PRNGKey(0)
+NAMES = sorted(CASES)
+
+
+def _value(obj, case: Case, x):
+    """A scalar of the object's main computation, via methods raw and wrapped share."""
+    if case.kind == "dist":
+        return sum(jnp.sum(v) for v in jtu.tree_leaves(obj.log_prob(x)))
+    return jnp.sum(obj.forward(x)) + jnp.sum(obj.forward_log_det_jacobian(x))
+
+
+# Compiled once per case and reused across tests: eager TFP is slow op by op.
+@functools.cache
+def _input(name: str):
+    case = CASES[name]
+    if case.kind == "bij":
+        return case.x
+    sample = jax.jit(lambda p: case.make(p, RAW).sample(seed=jax.random.PRNGKey(42)))
+    return sample(case.params)
+
+
+@functools.cache
+def _raw_value(name: str):
+    """params -> value of the raw object built from them (the reference)."""
+    case = CASES[name]
+    return jax.jit(lambda p, x: _value(case.make(p, RAW), case, x))
+
+
+@functools.cache
+def _wrapped_value(name: str):
+    """wrapper -> its value, through plain `jax.jit`."""
+    case = CASES[name]
+    return jax.jit(lambda w, x: _value(w, case, x))
+
+
+def _reference(name: str, params=None):
+    params = CASES[name].params if params is None else params
+    return _raw_value(name)(params, _input(name))
+
+
+def _touch(v):
+    """A new array equal to `v`, of the same dtype (also for bool masks)."""
+    return v + jnp.zeros((), v.dtype)
+
+
+def _close(actual, expected, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol, atol)
+
+
+@pytest.fixture(params=NAMES, ids=NAMES)
+def name(request) -> str:
+    return request.param
+
+
+def test_matrix_covers_distrax_and_enough_tfp():
+    classes = {n for n in distrax.__all__ if isinstance(getattr(distrax, n), type)}
+    classes |= {"BijectorLike", "DistributionLike"} & set(distrax.__all__)
+    assert classes - set(DISTRAX_NOT_CONSTRUCTIBLE) == set(DISTRAX)
+    tfp_dists = [n for n, c in CASES.items() if n.startswith("tfd.")]
+    assert len(tfp_dists) >= 20
+    assert len(TFP_BIJECTORS) >= 10
+
+
+def test_leaves_are_exactly_the_array_arguments(name):
+    case = CASES[name]
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    leaves = jtu.tree_leaves(wrapped)
+    assert sorted(map(id, leaves)) == sorted(map(id, case.params.values()))
+
+
+def test_filter_grad_matches_raw_grad(name):
+    case, x = CASES[name], _input(name)
+    floats = {k: v for k, v in case.params.items() if eqx.is_inexact_array(v)}
+    others = {k: v for k, v in case.params.items() if k not in floats}
+    if not floats:
+        pytest.skip("no float parameters")
+    raw_grad = jax.jit(jax.grad(lambda p: _raw_value(name)({**p, **others}, x)))
+    expected = raw_grad(floats)
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda w: _value(w, case, x)))(wrapped)
+    # Leaves of `grads` sit where the corresponding parameters sit in `wrapped`.
+    name_of = {id(v): k for k, v in case.params.items()}
+    got = {
+        name_of[id(p)]: g
+        for p, g in zip(
+            jtu.tree_leaves(wrapped),
+            jtu.tree_leaves(grads, is_leaf=lambda g: g is None),
+        )
+        if name_of[id(p)] in floats
+    }
+    assert set(got) == set(expected)
+    for k in expected:
+        _close(got[k], expected[k], rtol=1e-4, atol=1e-5)
+
+
+def test_partition_combine_round_trip(name):
+    case = CASES[name]
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    dynamic, static = eqx.partition(wrapped, eqx.is_array)
+    assert jtu.tree_leaves(static) == []
+    again = eqx.combine(dynamic, static)
+    assert jtu.tree_structure(again) == jtu.tree_structure(wrapped)
+    _close(_wrapped_value(name)(again, _input(name)), _reference(name), rtol=1e-4)
+
+
+def test_tree_map_keeps_structure(name):
+    case = CASES[name]
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    copied = jtu.tree_map(_touch, wrapped)
+    assert jtu.tree_structure(copied) == jtu.tree_structure(wrapped)
+    assert repr(copied) == repr(wrapped)
+
+
+def _first_array_where(obj):
+    """A where-function selecting the first array argument, found by name."""
+    for arg, value in obj.arguments.items():
+        if eqx.is_array(value):
+            return lambda o: getattr(o, arg)
+        if isinstance(value, ep.FixedDistrax):
+            inner = _first_array_where(value)
+            if inner is not None:
+                return lambda o: inner(getattr(o, arg))
+    return None
+
+
+def test_tree_at_on_a_parameter(name):
+    case = CASES[name]
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    where = _first_array_where(wrapped)
+    if where is None:
+        pytest.skip("no array argument")
+    old = where(wrapped)
+    new_value = _touch(old) if old.dtype == bool else old * 1.01
+    updated = eqx.tree_at(where, wrapped, new_value)
+    assert where(updated) is new_value
+    # Reference: the raw object built with the same substitution in the params.
+    key = next(k for k, v in case.params.items() if v is old)
+    expected = _reference(name, {**case.params, key: new_value})
+    _close(_wrapped_value(name)(updated, _input(name)), expected, rtol=1e-4)
+
+
+def test_plain_jit_compiles_once_for_equal_wrappers(name):
+    case, x = CASES[name], _input(name)
+    traces = []
+
+    @jax.jit
+    def f(w, x):
+        traces.append(None)
+        return _value(w, case, x)
+
+    _close(f(case.make(case.params, ep.FixedDistrax), x), _reference(name), rtol=1e-4)
+    fresh = {k: jnp.array(v) for k, v in case.params.items()}
+    f(case.make(fresh, ep.FixedDistrax), x)
+    assert len(traces) == 1
+
+
+def _scaled(params, factor):
+    return {
+        k: v * factor if eqx.is_inexact_array(v) and k not in ("lo", "hi") else v
+        for k, v in params.items()
+    }
+
+
+def test_vmap_over_stacked_wrappers_equals_loop(name):
+    case, x = CASES[name], _input(name)
+    if not case.params:
+        pytest.skip("no array arguments to stack")
+    factors = (1.0, 1.05, 1.1)
+    wrappers = [case.make(_scaled(case.params, f), ep.FixedDistrax) for f in factors]
+    stacked = jtu.tree_map(lambda *v: jnp.stack(v), *wrappers)
+    got = jax.vmap(lambda w: _value(w, case, x))(stacked)
+    expected = [_reference(name, _scaled(case.params, f)) for f in factors]
+    _close(got, jnp.stack(expected), rtol=1e-4)
+
+
+def test_scan_carry(name):
+    case, x = CASES[name], _input(name)
+    wrapped = case.make(case.params, ep.FixedDistrax)
+
+    def step(carry, _):
+        carry = jtu.tree_map(_touch, carry)
+        return carry, _value(carry, case, x)
+
+    final, values = jax.lax.scan(step, wrapped, None, length=3)
+    assert jtu.tree_structure(final) == jtu.tree_structure(wrapped)
+    _close(values, jnp.stack([_reference(name)] * 3), rtol=1e-4)
+
+
+def test_serialisation_round_trip_is_bit_exact(name):
+    case = CASES[name]
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, wrapped)
+    buffer.seek(0)
+    like = jtu.tree_map(jnp.zeros_like, wrapped)
+    loaded = eqx.tree_deserialise_leaves(buffer, like)
+    assert jtu.tree_structure(loaded) == jtu.tree_structure(wrapped)
+    for before, after in zip(jtu.tree_leaves(wrapped), jtu.tree_leaves(loaded)):
+        assert before.dtype == after.dtype
+        np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
+
+
+def test_sample_shapes_and_dtypes_match_raw(name):
+    # Shapes only, via `jax.eval_shape`: compiling samplers (gamma-based ones take
+    # seconds) for ~70 classes would dominate the suite. Values are compared with
+    # raw samples for a few classes in test_wrappers.py.
+    case = CASES[name]
+    if case.kind != "dist":
+        pytest.skip("bijector")
+    wrapped = case.make(case.params, ep.FixedDistrax)
+    got = jax.eval_shape(lambda w: w.sample(seed=KEY, sample_shape=(2,)), wrapped)
+    expected = jax.eval_shape(
+        lambda p: case.make(p, RAW).sample(seed=KEY, sample_shape=2), case.params
+    )
+    assert jtu.tree_structure(got) == jtu.tree_structure(expected)
+    batch, event = wrapped.batch_shape, wrapped.event_shape
+    for g, e, ev in zip(
+        jtu.tree_leaves(got),
+        jtu.tree_leaves(expected),
+        jtu.tree_leaves(event, is_leaf=lambda s: isinstance(s, tuple)),
+    ):
+        assert g.shape == e.shape == (2, *batch, *ev)
+        assert g.dtype == e.dtype

@@ -1,0 +1,342 @@
+"""`FixedDistrax` beyond the conformance matrix: method uniformity, the float policy,
+bad inputs, and training."""
+
+import distrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import optax
+import pytest
+from tensorflow_probability.substrates import jax as tfp
+
+import eqxprob as ep
+
+
+tfd = tfp.distributions
+tfb = tfp.bijectors
+KEY = jax.random.PRNGKey(0)
+X = jnp.array([0.3, -0.2, 0.5])
+
+
+def _close(a, b, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol, atol)
+
+
+# --- construction and access -------------------------------------------------
+
+
+def test_repr_names_class_and_arguments():
+    d = ep.FixedDistrax(distrax.Normal, jnp.zeros(3), scale=jnp.ones(3))
+    assert repr(d) == "FixedDistrax(Normal, loc=f32[3], scale=f32[3])"
+    nested = ep.FixedDistrax(distrax.Independent, d, 1)
+    assert repr(nested) == (
+        "FixedDistrax(Independent, distribution=FixedDistrax(Normal, loc=f32[3], "
+        "scale=f32[3]), reinterpreted_batch_ndims=1)"
+    )
+
+
+def test_arguments_by_name_and_instantiate():
+    loc, scale = jnp.zeros(3), jnp.ones(3)
+    d = ep.FixedDistrax(tfd.Normal, loc, scale, name="N")
+    assert d.arguments == {"loc": loc, "scale": scale, "name": "N"}
+    assert d.loc is loc and d.scale is scale
+    raw = d.instantiate()
+    assert isinstance(raw, tfd.Normal) and raw.name == "N"
+
+
+def test_other_attributes_fall_through_to_the_instance():
+    tril = jnp.array([[1.0, 0.0], [0.5, 2.0]])
+    d = ep.FixedDistrax(distrax.MultivariateNormalTri, jnp.zeros(2), tril)
+    _close(d.covariance(), tril @ tril.T)
+    with pytest.raises(AttributeError):
+        d.no_such_attribute  # noqa: B018
+
+
+def test_python_floats_are_static_and_compared_by_value():
+    d = ep.FixedDistrax(distrax.Normal, 0.0, 1.0)
+    assert jtu.tree_leaves(d) == []
+    traces = []
+
+    @jax.jit
+    def f(d):
+        traces.append(None)
+        return d.log_prob(0.5)
+
+    f(d)
+    f(ep.FixedDistrax(distrax.Normal, 0.0, 1.0))
+    assert len(traces) == 1
+    _close(
+        f(ep.FixedDistrax(distrax.Normal, 0.0, 2.0)),
+        distrax.Normal(0.0, 2.0).log_prob(0.5),
+    )
+    assert len(traces) == 2
+    # `1` and `1.0` are equal in Python but not the same argument.
+    f(ep.FixedDistrax(distrax.Normal, 0, 1.0))
+    assert len(traces) == 3
+
+
+def test_vmapped_construction_equals_a_loop():
+    locs = jnp.array([0.0, 1.0, 2.0])
+    batched = jax.vmap(lambda m: ep.FixedDistrax(distrax.Normal, m, jnp.array(1.5)))(
+        locs
+    )
+    got = jax.vmap(lambda d: d.log_prob(0.3))(batched)
+    expected = [distrax.Normal(m, 1.5).log_prob(0.3) for m in locs]
+    _close(got, jnp.stack(expected))
+
+
+# --- one method set for distrax and TFP --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tfb.Softplus(hinge_softness=jnp.array(0.7)),
+        lambda: tfb.Chain([tfb.Shift(jnp.array(1.0)), tfb.Exp()]),
+        lambda: distrax.ScalarAffine(jnp.array(1.0), jnp.array(2.0)),
+    ],
+    ids=["tfb.Softplus", "tfb.Chain", "distrax.ScalarAffine"],
+)
+def test_bijector_methods_agree_with_forward_and_log_det(make):
+    raw = make()
+    cls = type(raw)
+    if cls is tfb.Chain:
+        b = ep.FixedDistrax(
+            tfb.Chain,
+            [ep.FixedDistrax(tfb.Shift, jnp.array(1.0)), ep.FixedDistrax(tfb.Exp)],
+        )
+    elif cls is tfb.Softplus:
+        b = ep.FixedDistrax(tfb.Softplus, hinge_softness=jnp.array(0.7))
+    else:
+        b = ep.FixedDistrax(distrax.ScalarAffine, jnp.array(1.0), jnp.array(2.0))
+    y, ldj = b.forward_and_log_det(X)
+    _close(y, raw.forward(X))
+    _close(ldj, raw.forward_log_det_jacobian(X))
+    _close(b(X), y)
+    x, ildj = b.inverse_and_log_det(y)
+    _close(x, X, rtol=1e-5)
+    _close(ildj, raw.inverse_log_det_jacobian(y))
+    _close(b.inverse_log_det_jacobian(y), -ldj, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cls, args",
+    [
+        (distrax.Normal, (jnp.zeros(3), jnp.ones(3))),
+        (tfd.Normal, (jnp.zeros(3), jnp.ones(3))),
+        (distrax.MultivariateNormalTri, (jnp.zeros(3), 2 * jnp.eye(3))),
+        (distrax.Categorical, (jnp.array([0.1, 0.5, 0.2]),)),
+        (tfd.Gamma, (jnp.array([1.5, 2.0]), jnp.array([1.0, 3.0]))),
+    ],
+    ids=["Normal", "tfd.Normal", "MultivariateNormalTri", "Categorical", "tfd.Gamma"],
+)
+def test_samples_equal_raw_samples_with_the_same_seed(cls, args):
+    wrapped = ep.FixedDistrax(cls, *args)
+    got = wrapped.sample(seed=KEY, sample_shape=(2, 5))
+    assert got.shape == (2, 5, *wrapped.batch_shape, *wrapped.event_shape)
+    np.testing.assert_array_equal(got, cls(*args).sample(seed=KEY, sample_shape=(2, 5)))
+    again = wrapped.sample(seed=KEY, sample_shape=(2, 5))
+    np.testing.assert_array_equal(got, again)
+
+
+def test_sample_and_log_prob_on_tfp_and_distrax():
+    for cls in (distrax.Normal, tfd.Normal):
+        d = ep.FixedDistrax(cls, jnp.zeros(3), jnp.ones(3))
+        samples, log_prob = d.sample_and_log_prob(seed=KEY, sample_shape=(4,))
+        assert samples.shape == (4, 3)
+        _close(log_prob, cls(jnp.zeros(3), jnp.ones(3)).log_prob(samples))
+
+
+def test_shapes_are_tuples_for_tfp():
+    d = ep.FixedDistrax(tfd.MultivariateNormalDiag, jnp.zeros((2, 3)), jnp.ones((2, 3)))
+    assert d.batch_shape == (2,) and type(d.batch_shape) is tuple
+    assert d.event_shape == (3,) and type(d.event_shape) is tuple
+
+
+def test_moments_cdf_and_entropy_match_raw():
+    loc, scale = jnp.array([0.1, 0.4]), jnp.array([1.0, 2.0])
+    for cls in (distrax.Normal, tfd.Normal):
+        d, raw = ep.FixedDistrax(cls, loc, scale), cls(loc, scale)
+        for method in ("mean", "mode", "variance", "stddev", "entropy"):
+            _close(getattr(d, method)(), getattr(raw, method)())
+        for method in ("cdf", "log_cdf", "prob", "log_prob"):
+            _close(getattr(d, method)(0.3), getattr(raw, method)(0.3))
+        assert d.dtype == raw.dtype
+
+
+@pytest.mark.parametrize("other_cls", [distrax.Normal, tfd.Normal])
+def test_kl_divergence_and_cross_entropy_accept_wrapped_other(other_cls):
+    p = ep.FixedDistrax(distrax.Normal, jnp.array(0.0), jnp.array(1.0))
+    q = ep.FixedDistrax(other_cls, jnp.array(1.0), jnp.array(2.0))
+    # Closed form KL(N(0,1) || N(1,2)) = log(2) + (1 + 1) / (2 * 4) - 1/2.
+    _close(p.kl_divergence(q), jnp.log(2.0) + 2.0 / 8.0 - 0.5)
+    _close(p.kl_divergence(q.instantiate()), p.kl_divergence(q))
+    _close(p.cross_entropy(q), p.kl_divergence(q) + p.entropy())
+    grads = eqx.filter_grad(lambda q: p.kl_divergence(q))(q)
+    # d/dloc_q KL = (loc_q - loc_p) / scale_q^2 = 1 / 4.
+    _close(grads.loc, 0.25)
+
+
+def test_family_specific_methods_raise_clearly():
+    d = ep.FixedDistrax(distrax.Normal, jnp.array(0.0), jnp.array(1.0))
+    with pytest.raises(TypeError, match=r"Normal\) wraps a distribution; `forward`"):
+        d.forward(X)
+    b = ep.FixedDistrax(tfb.Exp)
+    with pytest.raises(TypeError, match=r"Exp\) wraps a bijector; `log_prob`"):
+        b.log_prob(X)
+
+
+def test_scan_then_eager_does_not_leak_tfp_cache_tracers():
+    # TFP caches bijector results globally, keyed by input and parameters; a call
+    # traced in `scan` must not leave tracers behind for a later eager call.
+    d = ep.FixedDistrax(tfd.LogNormal, jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3]))
+    x = jnp.array([0.7, 1.9])
+    _, traced = jax.lax.scan(lambda c, _: (c, c.log_prob(x)), d, None, length=2)
+    eager = d.log_prob(x)
+    _close(traced[0], eager)
+    _close(
+        eager, tfd.LogNormal(jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3])).log_prob(x)
+    )
+
+
+# --- bad input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cls, match",
+    [
+        (
+            int,
+            r"distribution or bijector class as its first argument, got <class 'int'>",
+        ),
+        (distrax.Normal(0.0, 1.0), r"got an instance of Normal"),
+        (distrax.Distribution, r"distrax.Distribution is abstract"),
+        (distrax.Linear, r"distrax.Linear is abstract"),
+        (tfd.Distribution, r"tfd.Distribution is abstract"),
+        (distrax.HMM, r"got <class '.*HMM'>"),
+    ],
+    ids=[
+        "int",
+        "instance",
+        "distrax.Distribution",
+        "distrax.Linear",
+        "tfd.Distribution",
+        "HMM",
+    ],
+)
+def test_rejects_what_is_not_a_distribution_or_bijector_class(cls, match):
+    with pytest.raises(TypeError, match=match):
+        ep.FixedDistrax(cls)
+
+
+@pytest.mark.parametrize(
+    "build, error, match",
+    [
+        (
+            lambda: ep.FixedDistrax(distrax.Normal, jnp.zeros(3)),
+            TypeError,
+            r"FixedDistrax\(Normal\): missing a required argument: 'scale'",
+        ),
+        (
+            lambda: ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.ones(3), sigma=1),
+            TypeError,
+            r"FixedDistrax\(Normal\): got an unexpected keyword argument 'sigma'",
+        ),
+        (
+            lambda: ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.ones(2)),
+            ValueError,
+            r"FixedDistrax\(Normal\): distrax.Normal rejected the arguments "
+            r"\(loc=f32\[3\], scale=f32\[2\]\)",
+        ),
+        (
+            lambda: ep.FixedDistrax(tfd.Normal, jnp.zeros(3), jnp.ones(2)),
+            ValueError,
+            r"tfd.Normal rejected the arguments .*`loc` and `scale`",
+        ),
+        (
+            lambda: ep.FixedDistrax(
+                distrax.MultivariateNormalTri, jnp.zeros(3), jnp.eye(2)
+            ),
+            ValueError,
+            r"distrax.MultivariateNormalTri rejected the arguments",
+        ),
+        (
+            lambda: ep.FixedDistrax(distrax.Independent, distrax.Normal(0.0, 1.0)),
+            TypeError,
+            r"argument `distribution` is a raw distrax.Normal instance.*"
+            r"FixedDistrax\(distrax.Normal, ...\)",
+        ),
+        (
+            lambda: ep.FixedDistrax(distrax.Chain, [tfb.Exp()]),
+            TypeError,
+            r"argument `bijectors` is a raw tfb.Exp instance",
+        ),
+        (
+            lambda: ep.FixedDistrax(tfd.Normal, jnp.zeros(2), jnp.ones(2), name={"a"}),
+            TypeError,
+            r"argument `name` of type set is neither an array nor hashable",
+        ),
+    ],
+    ids=[
+        "missing",
+        "unexpected",
+        "distrax-shapes",
+        "tfp-shapes",
+        "mvn-shapes",
+        "raw-nested",
+        "raw-in-list",
+        "unhashable",
+    ],
+)
+def test_rejected_arguments_name_the_class_and_argument(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+# --- zero overhead after jit ----------------------------------------------
+
+
+def _hlo_ops(fn, *args):
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return sum(" = " in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    "cls, args",
+    [
+        (distrax.Normal, (jnp.zeros(4), jnp.ones(4))),
+        (distrax.MultivariateNormalTri, (jnp.zeros(4), jnp.eye(4))),
+        (tfd.MultivariateNormalTriL, (jnp.zeros(4), jnp.eye(4))),
+    ],
+    ids=["Normal", "MultivariateNormalTri", "tfd.MultivariateNormalTriL"],
+)
+def test_compiled_log_prob_has_the_same_hlo_as_raw(cls, args):
+    x = jnp.linspace(-1.0, 1.0, 4)
+    wrapped = ep.FixedDistrax(cls, *args)
+    raw_ops = _hlo_ops(lambda a, x: cls(*a).log_prob(x), args, x)
+    assert _hlo_ops(lambda w, x: w.log_prob(x), wrapped, x) == raw_ops
+
+
+# --- training ----------------------------------------------------------------
+
+
+def test_optax_loop_on_wrapped_mvn_tri_recovers_data_mean():
+    true_mean = np.array([1.0, -2.0, 0.5], np.float32)
+    data = true_mean + np.random.default_rng(0).normal(size=(500, 3)).astype(np.float32)
+    model = ep.FixedDistrax(distrax.MultivariateNormalTri, jnp.zeros(3), jnp.eye(3))
+    optimiser = optax.adam(0.05)
+    opt_state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def step(model, opt_state):
+        grads = eqx.filter_grad(lambda m: -jnp.mean(m.log_prob(data)))(model)
+        updates, opt_state = optimiser.update(grads, opt_state)
+        return eqx.apply_updates(model, updates), opt_state
+
+    for _ in range(400):
+        model, opt_state = step(model, opt_state)
+    _close(model.loc, data.mean(axis=0), rtol=0, atol=1e-3)
+    # The maximum-likelihood covariance is the biased sample covariance.
+    _close(model.covariance(), np.cov(data.T, bias=True), rtol=0, atol=2e-2)
