@@ -3,6 +3,12 @@
 The whole public surface is listed here; every other module is private.
 """
 
+from ._where import (
+    WhereDict as WhereDict,
+    tree_at_all as tree_at_all,
+    where_labels as where_labels,
+    where_paths as where_paths,
+)
 from ._wrappers import FixedDistrax as FixedDistrax
 
 
@@ -12,4 +18,9 @@ __all__ = [
     "__version__",
     # wrappers
     "FixedDistrax",
+    # where-functions
+    "WhereDict",
+    "tree_at_all",
+    "where_labels",
+    "where_paths",
 ]

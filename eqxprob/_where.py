@@ -1,0 +1,693 @@
+"""Where-functions: labels, key paths, and a mapping keyed by where-functions.
+
+A where-function such as `lambda m: m.kernel.lengthscale` (as taken by
+`eqx.tree_at`) is called here on a *recorder*, a stand-in for the tree whose
+attribute and item accesses return new recorders that remember the access chain.
+That gives a label (`"kernel.lengthscale"`) without any tree and without reading
+bytecode. Labels are cached (see `where_labels`) and can be parsed back into
+where-functions, so a label and a where-function name the same node.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import opcode
+import operator
+import re
+from collections.abc import Callable, Iterable, Mapping
+from types import CodeType, FunctionType
+from typing import Any
+
+import equinox as eqx
+import jax.tree_util as jtu
+from jaxtyping import PyTree
+
+
+Where = Callable[[Any], Any]
+# A parsed label: one `(kind, key)` per access, kind "." (attribute) or "[]" (item).
+_Steps = tuple[tuple[str, Any], ...]
+
+_ALLOWED = (
+    "A where-function may only select parts of its argument, by attribute access "
+    "(`s.a`), integer index (`s.b[0]`) or string key (`s.c['k']`), and return the "
+    "selections alone or in a tuple, list or dict, as for `eqx.tree_at`."
+)
+_TOKEN = re.compile(
+    r"""\.?([^.\[]+)|\[(-?\d+)\]|\[('(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")\]"""
+)
+
+
+# --------------------------------------------------------------------- recording
+
+
+class _Recorder:
+    """Stands in for the tree and records the accesses a where-function makes.
+
+    All attribute access goes through `__getattribute__` (not `__getattr__`, which
+    Python reaches only after raising an `AttributeError`, several times slower),
+    so the label lives in a slot read through its descriptor.
+    """
+
+    __slots__ = ("label",)
+
+    def __getattribute__(self, name: str) -> Any:
+        label = _get_label(self)
+        if not name.isidentifier() or name[0] == "_" and name[:2] == "__" == name[-2:]:
+            if name == "__class__":
+                return _Recorder
+            raise TypeError(_misuse(label, f"the attribute {name!r}"))
+        child = _new(_Recorder)
+        _set_label(child, f"{label}.{name}" if label else name)
+        return child
+
+    def __getitem__(self, key: Any) -> _Recorder:
+        label = _get_label(self)
+        if type(key) is str:
+            label = f"{label}[{key!r}]"
+        elif isinstance(key, bool):
+            raise TypeError(_misuse(label, f"the key {key!r} (use an int or a str)"))
+        else:
+            try:
+                label = f"{label}[{operator.index(key)}]"
+            except TypeError:
+                raise TypeError(
+                    _misuse(label, f"the key {key!r} (use an int or a str)")
+                ) from None
+        child = _new(_Recorder)
+        _set_label(child, label)
+        return child
+
+    def __repr__(self) -> str:
+        return f"<selection {_get_label(self)!r}>"
+
+
+_new = object.__new__
+_get_label = _Recorder.label.__get__  # type: ignore[attr-defined]
+_set_label = _Recorder.label.__set__  # type: ignore[attr-defined]
+
+
+def _misuse(label: str, what: str) -> str:
+    selection = f"the selection {label!r}" if label else "its argument"
+    return f"{_ALLOWED} This one used {what} on {selection}."
+
+
+def _forbid(what: str) -> Callable[..., Any]:
+    def method(self: _Recorder, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(_misuse(_get_label(self), what))
+
+    return method
+
+
+def _forbid_all() -> None:
+    arithmetic = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift"
+    forbidden = {"neg pos abs invert": "arithmetic"}
+    for op in (arithmetic + " and or xor").split():
+        forbidden[f"{op} r{op} i{op}"] = "arithmetic"
+    forbidden |= {
+        "eq ne lt le gt ge": "a comparison",
+        "hash": "hashing",
+        "bool": "truth testing (`if`, `and`, `or`, `not`)",
+        "len": "`len`",
+        "iter reversed contains": "iteration or `in`",
+        "call": "a call",
+        "int float complex index round trunc floor ceil": "a conversion to a number",
+        "str format bytes": "a conversion to a string",
+        "setitem delitem": "item assignment",
+    }
+    for names, what in forbidden.items():
+        for name in names.split():
+            setattr(_Recorder, f"__{name}__", _forbid(what))
+
+
+_forbid_all()
+_ONLY_RECORDERS = frozenset({_Recorder})
+_ROOT = _new(_Recorder)
+_set_label(_ROOT, "")
+
+
+def _label_leaf(x: Any) -> str:
+    if type(x) is _Recorder:
+        return _get_label(x)
+    raise TypeError(
+        f"{_ALLOWED} This one returned a {type(x).__name__} instead of a selection."
+    )
+
+
+def _record(where: Where) -> PyTree[str]:
+    out = where(_ROOT)
+    if type(out) is _Recorder:
+        return _get_label(out)
+    if type(out) is tuple and _ONLY_RECORDERS.issuperset(map(type, out)):
+        return tuple(map(_get_label, out))
+    return jtu.tree_map(_label_leaf, out, is_leaf=lambda x: type(x) is _Recorder)
+
+
+# ----------------------------------------------------------------------- caching
+#
+# What a function returns for the recorder depends on its code and on what else
+# the code reads: closure cells, defaults (only if it has more than one positional
+# parameter, or keyword-only ones) and the globals it may load (builtins are taken
+# to be constant). Together these are its *state*. A label is cached only when the
+# state holds nothing but `int`, `str`, `None` and tuples of them, which cannot be
+# mutated in place and compare by value with no `1 == True == 1.0` mix-ups. The
+# state is read again at every call, so rebinding a closure variable or a global
+# is seen at once. Other states, and labels in lists or dicts (which the caller
+# could mutate), are recomputed at every call.
+
+_CACHE_SIZE = 4096
+_MISSING = object()
+_SAFE_TYPES = frozenset({int, str, type(None)})
+# Opcodes through which code may read something besides its arguments, closure
+# cells and constants. The names they load are in `co_names`, mixed with attribute
+# names, which are then watched too: harmless, only conservative. Opcodes are
+# looked for in the whole bytecode, arguments included: a false hit is harmless.
+_GLOBAL_OPS = tuple(
+    opcode.opmap[name]
+    for name in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS")
+    if name in opcode.opmap
+)
+_IMPORT_NAME = opcode.opmap["IMPORT_NAME"]
+# function -> (code, label, global names, state, or None if the code alone matters)
+_by_function: dict[FunctionType, tuple[Any, ...]] = {}
+# id(code) -> (code, global names or None if never cached, whether the code alone
+#              matters, {state or None: label})
+_by_code: dict[int, tuple[CodeType, tuple[str, ...] | None, bool, dict]] = {}
+
+
+def _global_names(code: CodeType) -> tuple[str, ...] | None:
+    """The global names `code` may load, or `None` if it imports (never cached)."""
+    bytecode = code.co_code
+    if _IMPORT_NAME in bytecode:
+        return None
+    names = ()
+    for op in _GLOBAL_OPS:
+        if op in bytecode:
+            names = code.co_names
+            break
+    for const in code.co_consts:
+        if type(const) is CodeType:
+            inner = _global_names(const)
+            if inner is None:
+                return None
+            names += inner
+    return names
+
+
+def _state(f: FunctionType, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """Everything but its code that `f` may read besides its argument."""
+    closure, kwdefaults = f.__closure__, f.__kwdefaults__
+    state = (f.__defaults__,)
+    if closure is not None:
+        state += tuple([cell.cell_contents for cell in closure])
+    if kwdefaults is not None:
+        state += (*kwdefaults, *kwdefaults.values())
+    if names:
+        get = f.__globals__.get
+        state += tuple([get(name, _MISSING) for name in names])
+    return state
+
+
+def _is_safe(values: tuple[Any, ...]) -> bool:
+    for x in values:
+        if type(x) not in _SAFE_TYPES and x is not _MISSING:
+            if type(x) is not tuple or not _is_safe(x):
+                return False
+    return True
+
+
+def _is_frozen(label: PyTree[str]) -> bool:
+    if isinstance(label, tuple):
+        return all(map(_is_frozen, label))
+    return type(label) is str or label is None
+
+
+def _function_label(f: FunctionType) -> PyTree[str]:
+    entry = _by_function.get(f)
+    if entry is not None and f.__code__ is entry[0]:
+        _, label, names, state = entry
+        if state is None:
+            return label
+        try:
+            current = _state(f, names)
+        except ValueError:  # a closure cell was emptied with `del`
+            current = ()
+        if len(current) == len(state) and all(map(operator.is_, current, state)):
+            return label
+    return _new_function_label(f)
+
+
+def _new_function_label(f: FunctionType) -> PyTree[str]:
+    code = f.__code__
+    info = _by_code.get(id(code))  # id: hashing a code object is slow
+    if info is None or info[0] is not code:
+        names = _global_names(code)
+        # Called with one positional argument, a function with at most one
+        # positional parameter and no keyword-only ones never uses its defaults.
+        code_alone = (
+            names == ()
+            and not code.co_freevars
+            and code.co_argcount <= 1
+            and not code.co_kwonlyargcount
+        )
+        info = (code, names, code_alone, {})
+        if len(_by_code) >= _CACHE_SIZE:  # each cache is simply emptied when full
+            _by_code.clear()
+        _by_code[id(code)] = info
+    _, names, code_alone, labels = info
+    if code_alone:
+        state = None
+    elif names is None:
+        return _record(f)
+    else:
+        try:
+            state = _state(f, names)
+        except ValueError:  # an empty closure cell: let the call raise NameError
+            return _record(f)
+        if not _is_safe(state):
+            return _record(f)
+    label = labels.get(state, _MISSING)
+    if label is _MISSING:
+        label = _record(f)
+        if type(label) is not str and not _is_frozen(label):
+            return label  # a list or dict, which the caller could mutate
+        if len(labels) >= _CACHE_SIZE:
+            labels.clear()
+        labels[state] = label
+    if len(_by_function) >= _CACHE_SIZE:
+        _by_function.clear()
+    _by_function[f] = (code, label, names, state)
+    return label
+
+
+def _clear_caches() -> None:
+    """Forget every cached label (for benchmarks and tests)."""
+    _by_function.clear()
+    _by_code.clear()
+    _parse.cache_clear()
+
+
+def _label(where: Where) -> PyTree[str]:
+    if type(where) is FunctionType:
+        return _function_label(where)
+    if callable(where):  # partials, methods, `operator.attrgetter`: not cached
+        return _record(where)
+    raise TypeError(
+        "`where` must be a function such as `lambda m: m.a.b[0]` or a label such "
+        f"as 'a.b[0]'; got a {type(where).__name__}."
+    )
+
+
+# ------------------------------------------------------------------------ labels
+
+
+def _render(steps: _Steps) -> str:
+    parts = []
+    for kind, key in steps:
+        parts.append(f"[{key!r}]" if kind == "[]" else f".{key}" if parts else key)
+    return "".join(parts)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _parse(label: str) -> _Steps:
+    steps, pos = [], 0
+    while pos < len(label):
+        match = _TOKEN.match(label, pos)
+        if match is None:
+            raise ValueError(
+                f"Cannot parse the label {label!r} at position {pos}. A label is "
+                "what `where_labels` returns: attributes joined by dots, then "
+                "`[0]` for an index or `['k']` for a key, e.g. \"a.b[0]['k']\"."
+            )
+        name, index, string = match.groups()
+        if name is not None and not name.isidentifier():
+            raise ValueError(f"{name!r} in the label {label!r} is not a Python name.")
+        if name is not None:
+            steps.append((".", name))
+        else:
+            key = int(index) if index is not None else ast.literal_eval(string)
+            steps.append(("[]", key))
+        pos = match.end()
+    canonical = _render(tuple(steps))
+    if canonical != label:
+        raise ValueError(f"{label!r} is not a label as written; write {canonical!r}.")
+    return tuple(steps)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _where_from_label(label: str) -> Where:
+    steps = _parse(label)
+
+    def where(tree: Any) -> Any:
+        for kind, key in steps:
+            tree = getattr(tree, key) if kind == "." else tree[key]
+        return tree
+
+    where.__qualname__ = where.__name__ = f"where_{label!r}"
+    return where
+
+
+def where_labels(where: Where | str) -> PyTree[str]:
+    """The labels of what a where-function selects, without needing a tree.
+
+    Attribute access gives `"a.b"`, an index `"b[0]"` and a string key
+    `"c['k']"`. Labels are what was written: `"b[-1]"` stays negative. The
+    identity `lambda s: s` selects the whole tree; its label is `""`, as
+    `jax.tree_util.keystr(())`. A label parses back into a where-function, so
+    labels may be used wherever where-functions are.
+
+    Labels are cached. Besides its code, a where-function may read closure cells,
+    default arguments and globals; these are read again at every call and
+    compared with the cached ones, so `lambda m, i=i: m.layers[i]`, or a closure
+    over a loop variable, gives `"layers[0]"`, `"layers[1]"`, ... as `i` changes.
+    A label is cached only when all those values are `int`, `str`, `None` or
+    tuples of them, which cannot change in place; with anything else (a list, an
+    array, an object whose attribute is read) it is recomputed at every call:
+    slower, never stale. So are labels returned in a list or dict, which the
+    caller could mutate. Builtins are taken to be constant.
+
+    **Arguments:**
+
+    - `where`: a function of one argument, as for `eqx.tree_at`, or a label (a
+      string, returned unchanged after checking that it parses).
+
+    **Returns:**
+
+    A label for each selection, in a PyTree of the structure `where` returns.
+
+    **Raises:**
+
+    `TypeError` if `where` does anything but select (arithmetic, calls,
+    comparisons, iteration, `bool`, `len`, ...) or returns something else than
+    selections; `ValueError` for a string that is not a label.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    assert ep.where_labels(lambda s: s.mechanics.effector) == "mechanics.effector"
+    labels = ep.where_labels(lambda s: (s.a, s.b[0], s.c["k"]))
+    assert labels == ("a", "b[0]", "c['k']")
+    ```
+    """
+    if type(where) is FunctionType:
+        return _function_label(where)
+    if isinstance(where, str):
+        _parse(where)
+        return where
+    return _label(where)
+
+
+# ------------------------------------------------------------------------- paths
+
+
+def _children(node: Any, is_leaf: Callable[[Any], bool] | None) -> list | None:
+    """`(key, child)` pairs of one pytree node, or `None` if `node` is a leaf."""
+    if is_leaf is not None and is_leaf(node):
+        return None
+    pairs, _ = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if len(pairs) == 1 and pairs[0][0] == ():
+        return None
+    return [(path[0], child) for path, child in pairs]
+
+
+def _matches(key: Any, kind: str, want: Any) -> bool:
+    if kind == ".":
+        return type(key) is jtu.GetAttrKey and key.name == want
+    if type(key) is jtu.DictKey:
+        return type(key.key) is type(want) and key.key == want
+    return type(key) is jtu.SequenceKey and key.idx == want
+
+
+def _key_path(
+    label: str, tree: Any, is_leaf: Callable[[Any], bool] | None
+) -> tuple[Any, ...]:
+    steps = _parse(label)
+    node, path = tree, []
+    for i, (kind, want) in enumerate(steps):
+        at = repr(_render(steps[:i])) if i else "the root"
+        children = _children(node, is_leaf)
+        if children is None:
+            raise ValueError(
+                f"`where` selects {label!r}, but the node at {at} is a leaf of "
+                f"the tree (a {type(node).__name__}), and has no parts to select."
+            )
+        if type(want) is int and isinstance(node, (list, tuple)):
+            # By position: resolves negative indices, and namedtuples' children
+            # are keyed by field name.
+            found = [children[want]] if -len(children) <= want < len(children) else []
+        else:
+            found = [(k, c) for k, c in children if _matches(k, kind, want)]
+        if not found:
+            step = _render(((kind, want),)) if kind == "[]" else repr(want)
+            keys = ", ".join(jtu.keystr((k,)) for k, _ in children) or "none"
+            raise ValueError(
+                f"`where` selects {label!r}, but the tree has no such node: the "
+                f"{type(node).__name__} at {at} has no pytree child {step} (its "
+                f"children are: {keys}). Static fields, properties and methods "
+                "are not pytree nodes."
+            )
+        key, node = found[0]
+        path.append(key)
+    return tuple(path)
+
+
+def where_paths(
+    where: Where | str, tree: Any, *, is_leaf: Callable[[Any], bool] | None = None
+) -> PyTree[tuple[Any, ...]]:
+    """The JAX key paths of the nodes a where-function selects in `tree`.
+
+    Paths are derived from the recorded accesses, each checked against `tree`:
+    an attribute becomes `jax.tree_util.GetAttrKey` (Equinox fields,
+    namedtuples), a dict key `DictKey`, a list or tuple index `SequenceKey`
+    (negative indices resolved). For leaves, these are the paths
+    `jax.tree_util.tree_flatten_with_path` gives. Selected nodes need not be
+    leaves, and a node and its own child may both be selected. Paths follow the
+    accesses and never object identity: an array that appears at two places of
+    `tree` gets, for each selection, the path of the place that selection names.
+
+    **Arguments:**
+
+    - `where`: a where-function or a label, as for `where_labels`.
+    - `tree`: the PyTree to select from.
+    - `is_leaf`: as for `jax.tree_util`: nodes it accepts are leaves, whose parts
+      cannot be selected.
+
+    **Returns:**
+
+    A key path (a tuple of keys) for each selection, in a PyTree of the structure
+    `where` returns.
+
+    **Raises:**
+
+    `ValueError` naming the label if a selection is not a node of `tree` (a
+    missing attribute or key, a static field, or a part of a leaf); as
+    `where_labels` for a `where` that does more than select.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import jax.tree_util as jtu
+    import eqxprob as ep
+
+    tree = {"a": [jnp.zeros(2), jnp.ones(3)]}
+    paths = ep.where_paths(lambda t: (t["a"], t["a"][-1]), tree)
+    assert paths == (
+        (jtu.DictKey("a"),),
+        (jtu.DictKey("a"), jtu.SequenceKey(1)),
+    )
+    ```
+    """
+    labels = where_labels(where)
+    return jtu.tree_map(lambda label: _key_path(label, tree, is_leaf), labels)
+
+
+# --------------------------------------------------------------------- WhereDict
+
+
+def _key_label(key: Where | str) -> str:
+    label = _function_label(key) if type(key) is FunctionType else where_labels(key)
+    if type(label) is not str:
+        raise TypeError(
+            "A WhereDict key must select a single node, but this where-function "
+            f"selects {label!r}. Give each node its own entry."
+        )
+    return label
+
+
+def _immutable(self: WhereDict, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        "A WhereDict is immutable. Build a new one, e.g. "
+        "`WhereDict([*d.where_items(), (where, value)])`."
+    )
+
+
+class WhereDict(dict):
+    """An ordered, immutable mapping keyed by where-functions or their labels.
+
+    A key may be given as a where-function or as its label, interchangeably:
+    `d["foo.bar"] is d[lambda x: x.foo.bar]`, also for `in` and `get`. Each key
+    selects one node. Iteration, `keys()` and `items()` give the labels, in
+    insertion order; `wheres()` and `where_items()` give the where-functions for
+    surgery (the original ones, or ones parsed from labels given as keys), as
+    `tree_at_all` does.
+
+    A `WhereDict` is a `dict` from labels to values, so looking up a label costs
+    what it does in a `dict`, and looking up a where-function one cached
+    `where_labels`. It is immutable: build a new one to change it.
+
+    **Arguments:**
+
+    - `entries`: a mapping, or an iterable of `(key, value)` pairs, whose keys
+      are where-functions or labels (see `where_labels`).
+
+    **Raises:**
+
+    `ValueError` naming the label if two keys have the same label; `TypeError`
+    if a key selects more than one node. Looking up a missing key raises
+    `KeyError` naming its label.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    d = ep.WhereDict({lambda m: m.kernel.lengthscale: 1.0, "noise": 0.1})
+    assert d["kernel.lengthscale"] == d[lambda m: m.kernel.lengthscale] == 1.0
+    assert (lambda m: m.noise) in d
+    assert list(d) == ["kernel.lengthscale", "noise"]
+    ```
+    """
+
+    __slots__ = ("_keys",)
+    _keys: dict[str, Where | str]
+
+    def __init__(self, entries: Mapping | Iterable[tuple[Any, Any]] = (), /):
+        if isinstance(entries, WhereDict):
+            entries = entries.where_items()
+        elif isinstance(entries, Mapping):
+            entries = entries.items()
+        keys: dict[str, Where | str] = {}
+        for entry in entries:
+            try:
+                key, value = entry
+            except (TypeError, ValueError):
+                raise TypeError(
+                    "WhereDict takes a mapping or an iterable of (key, value) "
+                    f"pairs; got the entry {entry!r}."
+                ) from None
+            label = _key_label(key)
+            if label in keys:
+                raise ValueError(
+                    f"Two WhereDict keys select {label!r}: {keys[label]!r} and "
+                    f"{key!r}. Keep one entry per node."
+                )
+            keys[label] = key
+            dict.__setitem__(self, label, value)
+        self._keys = keys
+
+    def __missing__(self, key: Any) -> Any:
+        # Reached for every key but a label present. First, inlined, the fast path
+        # of `_function_label`: a where-function seen before, whose code alone
+        # determines its label.
+        entry = _by_function.get(key)
+        if entry is not None and entry[3] is None and entry[0] is key.__code__:
+            return self[entry[1]]
+        if isinstance(key, str):
+            labels = ", ".join(map(repr, self)) or "none"
+            raise KeyError(
+                f"No entry for {key!r} in this WhereDict (labels: {labels})."
+            )
+        return self[_key_label(key)]
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key if type(key) is str else _key_label(key))
+
+    def get(self, key: Where | str, default: Any = None) -> Any:
+        """The value for `key` (a where-function or a label), else `default`."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def wheres(self) -> tuple[Where, ...]:
+        """The where-functions of the keys, in insertion order."""
+        return tuple(
+            _where_from_label(k) if isinstance(k, str) else k
+            for k in self._keys.values()
+        )
+
+    def where_items(self) -> tuple[tuple[Where, Any], ...]:
+        """`(where-function, value)` pairs, in insertion order."""
+        return tuple(zip(self.wheres(), self.values()))
+
+    def copy(self) -> WhereDict:
+        """A shallow copy, keeping the where-functions."""
+        return WhereDict(self)
+
+    @classmethod
+    def fromkeys(cls, keys: Iterable[Where | str], value: Any = None) -> WhereDict:
+        """A `WhereDict` with the given keys, all mapped to `value`."""
+        return cls([(key, value) for key in keys])
+
+    def __repr__(self) -> str:
+        return f"WhereDict({dict.__repr__(self)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return WhereDict, (list(zip(self._keys.values(), self.values())),)
+
+    __setitem__ = __delitem__ = __ior__ = _immutable  # type: ignore
+    clear = pop = popitem = setdefault = update = _immutable  # type: ignore
+
+
+def tree_at_all(
+    tree: Any,
+    where_dict: WhereDict | Mapping,
+    *,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    """Replace every node a `WhereDict` names by its value, with `eqx.tree_at`.
+
+    Replacements are made one at a time in insertion order, so an entry may
+    select a node inside one replaced by an earlier entry, and a node and its
+    own child may both be replaced (which one `eqx.tree_at` call cannot do).
+
+    **Arguments:**
+
+    - `tree`: the PyTree to modify (it is not changed in place).
+    - `where_dict`: a `WhereDict`, or a mapping to build one from, whose values
+      are the replacements.
+    - `is_leaf`: passed to `eqx.tree_at`, e.g. `lambda x: x is None` to replace a
+      `None`.
+
+    **Returns:**
+
+    A copy of `tree` with the replacements made.
+
+    **Raises:**
+
+    `ValueError` naming the label of an entry that selects no node of `tree`.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    linear = eqx.nn.Linear(2, 3, key=jax.random.key(0))
+    new = ep.tree_at_all(linear, {"bias": jnp.zeros(3), lambda m: m.weight: 1.0})
+    assert new.weight == 1.0 and (new.bias == 0).all()
+    ```
+    """
+    if not isinstance(where_dict, WhereDict):
+        where_dict = WhereDict(where_dict)
+    for label, where, value in zip(
+        where_dict, where_dict.wheres(), where_dict.values()
+    ):
+        _key_path(label, tree, is_leaf)  # a clear error naming the label
+        tree = eqx.tree_at(where, tree, value, is_leaf=is_leaf)
+    return tree
