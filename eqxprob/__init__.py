@@ -3,6 +3,7 @@
 The whole public surface is listed here; every other module is private.
 """
 
+from ._state import UpdateOnEvent as UpdateOnEvent
 from ._where import (
     WhereDict as WhereDict,
     tree_at_all as tree_at_all,
@@ -23,4 +24,6 @@ __all__ = [
     "tree_at_all",
     "where_labels",
     "where_paths",
+    # event-triggered state
+    "UpdateOnEvent",
 ]
