@@ -42,23 +42,40 @@ def _input(name: str):
     return sample(case.params)
 
 
+def _split(params):
+    """(float params, the rest): only the former are differentiated."""
+    floats = {k: v for k, v in params.items() if eqx.is_inexact_array(v)}
+    return floats, {k: v for k, v in params.items() if k not in floats}
+
+
+# One compilation per case serves every test (value and gradient together).
 @functools.cache
-def _raw_value(name: str):
-    """params -> value of the raw object built from them (the reference)."""
+def _raw_value_and_grad(name: str):
+    """(float params, other params, x) -> value and gradient of the raw object."""
     case = CASES[name]
-    return jax.jit(lambda p, x: _value(case.make(p, RAW), case, x))
+    return jax.jit(
+        jax.value_and_grad(
+            lambda floats, others, x: _value(
+                case.make({**floats, **others}, RAW), case, x
+            )
+        )
+    )
 
 
 @functools.cache
-def _wrapped_value(name: str):
-    """wrapper -> its value, through plain `jax.jit`."""
+def _wrapped_value_and_grad(name: str):
+    """(wrapper, x) -> value and `filter_grad` of the wrapper, via `filter_jit`."""
     case = CASES[name]
-    return jax.jit(lambda w, x: _value(w, case, x))
+    return eqx.filter_jit(eqx.filter_value_and_grad(lambda w, x: _value(w, case, x)))
 
 
 def _reference(name: str, params=None):
     params = CASES[name].params if params is None else params
-    return _raw_value(name)(params, _input(name))
+    return _raw_value_and_grad(name)(*_split(params), _input(name))[0]
+
+
+def _wrapped_value(name: str, wrapped):
+    return _wrapped_value_and_grad(name)(wrapped, _input(name))[0]
 
 
 def _touch(v):
@@ -93,14 +110,12 @@ def test_leaves_are_exactly_the_array_arguments(name):
 
 def test_filter_grad_matches_raw_grad(name):
     case, x = CASES[name], _input(name)
-    floats = {k: v for k, v in case.params.items() if eqx.is_inexact_array(v)}
-    others = {k: v for k, v in case.params.items() if k not in floats}
+    floats, others = _split(case.params)
     if not floats:
         pytest.skip("no float parameters")
-    raw_grad = jax.jit(jax.grad(lambda p: _raw_value(name)({**p, **others}, x)))
-    expected = raw_grad(floats)
+    expected = _raw_value_and_grad(name)(floats, others, x)[1]
     wrapped = case.make(case.params, ep.FixedDistrax)
-    grads = eqx.filter_jit(eqx.filter_grad(lambda w: _value(w, case, x)))(wrapped)
+    grads = _wrapped_value_and_grad(name)(wrapped, x)[1]
     # Leaves of `grads` sit where the corresponding parameters sit in `wrapped`.
     name_of = {id(v): k for k, v in case.params.items()}
     got = {
@@ -123,7 +138,7 @@ def test_partition_combine_round_trip(name):
     assert jtu.tree_leaves(static) == []
     again = eqx.combine(dynamic, static)
     assert jtu.tree_structure(again) == jtu.tree_structure(wrapped)
-    _close(_wrapped_value(name)(again, _input(name)), _reference(name), rtol=1e-4)
+    _close(_wrapped_value(name, again), _reference(name), rtol=1e-4)
 
 
 def test_tree_map_keeps_structure(name):
@@ -159,7 +174,7 @@ def test_tree_at_on_a_parameter(name):
     # Reference: the raw object built with the same substitution in the params.
     key = next(k for k, v in case.params.items() if v is old)
     expected = _reference(name, {**case.params, key: new_value})
-    _close(_wrapped_value(name)(updated, _input(name)), expected, rtol=1e-4)
+    _close(_wrapped_value(name, updated), expected, rtol=1e-4)
 
 
 def test_plain_jit_compiles_once_for_equal_wrappers(name):
