@@ -1,3 +1,10 @@
+"""`UpdateOnEvent`: run a stateful Equinox module only when an event fires.
+
+All state of an Equinox module lives in `eqx.nn.State`, keyed by `StateIndex`es at
+any depth; `state.substate(module)` captures every one of them, so a wrapper can
+freeze them all with `lax.cond` and public API only.
+"""
+
 from typing import Any
 
 import equinox as eqx
@@ -86,29 +93,29 @@ class UpdateOnEvent(eqx.Module):
     turns this into a `select` and computes both branches.) A Python `bool` is
     resolved at trace time.
 
-    !!! Example
+    **Example:**
 
-        ```python
-        import equinox as eqx
-        import jax.numpy as jnp
-        import eqxprob as ep
+    ```python
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
 
-        class Counter(eqx.Module):
-            index: eqx.nn.StateIndex
+    class Counter(eqx.Module):
+        index: eqx.nn.StateIndex
 
-            def __init__(self):
-                self.index = eqx.nn.StateIndex(jnp.array(0.0))
+        def __init__(self):
+            self.index = eqx.nn.StateIndex(jnp.zeros(()))
 
-            def __call__(self, x, state):
-                total = state.get(self.index) + x
-                return 2 * total, state.set(self.index, total)
+        def __call__(self, x, state):
+            total = state.get(self.index) + x
+            return 2 * total, state.set(self.index, total)
 
-        x = jnp.array(1.0)
-        model, state = eqx.nn.make_with_state(ep.UpdateOnEvent)(Counter(), x)
-        out, state = model(False, x, state)  # nan: nothing has happened yet
-        out, state = model(True, x, state)   # 2.0
-        out, state = model(False, x, state)  # 2.0 again; the counter is frozen
-        ```
+    x = jnp.ones(())
+    model, state = eqx.nn.make_with_state(ep.UpdateOnEvent)(Counter(), x)
+    out, state = model(False, x, state)  # nan: nothing has happened yet
+    out, state = model(True, x, state)   # 2.0
+    out, state = model(False, x, state)  # 2.0 again; the counter is frozen
+    ```
     """
 
     module: Any
