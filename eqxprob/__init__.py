@@ -3,6 +3,20 @@
 The whole public surface is listed here; every other module is private.
 """
 
+from ._bijector import (
+    Bijector as Bijector,
+    Frozen as Frozen,
+    bounded as bounded,
+    frozen as frozen,
+    is_bijector as is_bijector,
+    log_det_jacobian as log_det_jacobian,
+    lower_cholesky as lower_cholesky,
+    positive as positive,
+    resolve as resolve,
+    resolve_all_bijectors as resolve_all_bijectors,
+    simplex as simplex,
+    trainable as trainable,
+)
 from ._state import UpdateOnEvent as UpdateOnEvent
 from ._where import (
     WhereDict as WhereDict,
@@ -26,4 +40,17 @@ __all__ = [
     "where_paths",
     # event-triggered state
     "UpdateOnEvent",
+    # constrained parameters
+    "Bijector",
+    "Frozen",
+    "bounded",
+    "frozen",
+    "is_bijector",
+    "log_det_jacobian",
+    "lower_cholesky",
+    "positive",
+    "resolve",
+    "resolve_all_bijectors",
+    "simplex",
+    "trainable",
 ]
