@@ -17,6 +17,20 @@ from ._bijector import (
     simplex as simplex,
     trainable as trainable,
 )
+from ._registry import (
+    ParamSpec as ParamSpec,
+    bijector_tree as bijector_tree,
+    constrain as constrain,
+    constraints as constraints,
+    default_bijector as default_bijector,
+    field as field,
+    log_prior as log_prior,
+    parameterize as parameterize,
+    prior_tree as prior_tree,
+    register_bijector as register_bijector,
+    spec_tree as spec_tree,
+    unconstrain as unconstrain,
+)
 from ._state import UpdateOnEvent as UpdateOnEvent
 from ._where import (
     WhereDict as WhereDict,
@@ -33,6 +47,19 @@ __all__ = [
     "__version__",
     # wrappers
     "FixedDistrax",
+    # parameter-metadata registry
+    "ParamSpec",
+    "bijector_tree",
+    "constrain",
+    "constraints",
+    "default_bijector",
+    "field",
+    "log_prior",
+    "parameterize",
+    "prior_tree",
+    "register_bijector",
+    "spec_tree",
+    "unconstrain",
     # where-functions
     "WhereDict",
     "tree_at_all",

@@ -3,10 +3,13 @@
 Blocks of one file run in order in one namespace, like a notebook.
 """
 
+import inspect
 import pathlib
 import re
 
 import pytest
+
+import eqxprob as ep
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -23,3 +26,36 @@ def test_python_blocks_run(path, monkeypatch, tmp_path):
     namespace: dict = {"__name__": "__docs__"}
     for i, code in enumerate(blocks):
         exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
+
+
+def _public_objects():
+    """Every public name, and the public methods and properties of public classes."""
+    for name in sorted(set(ep.__all__) - {"__version__"}):
+        obj = getattr(ep, name)
+        yield name, obj
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and (member.__doc__ or "").strip():
+                    yield f"{name}.{attr}", member
+
+
+PUBLIC = dict(_public_objects())
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PUBLIC if "." not in n))
+def test_every_public_name_has_a_docstring_with_an_example(name):
+    doc = inspect.getdoc(PUBLIC[name]) or ""
+    assert len(doc.splitlines()) >= 3, f"{name} needs a docstring"
+    assert "```python" in doc, f"{name}'s docstring needs a runnable example"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_docstring_examples_run(name, monkeypatch, tmp_path):
+    doc = inspect.getdoc(PUBLIC[name]) or ""
+    blocks = BLOCK.findall(doc + "\n")
+    if not blocks:
+        pytest.skip("no example")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"{name}.__doc__[block {i}]", "exec"), namespace)

@@ -1,0 +1,261 @@
+"""The parameter-metadata registry, against hand-written references."""
+
+import distrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from tensorflow_probability.substrates import jax as tfp
+
+import eqxprob as ep
+
+
+tfb = tfp.bijectors
+C = ep.constraints
+
+
+def _close(a, b, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol, atol)
+
+
+def _inv_softplus(y):
+    return jnp.log(jnp.expm1(y))
+
+
+def _logit(p):
+    return jnp.log(p) - jnp.log1p(-p)
+
+
+GAMMA = ep.FixedDistrax(distrax.Gamma, jnp.array(2.0), jnp.array(1.0))
+
+
+class RBF(eqx.Module):
+    lengthscale: jax.Array = ep.field(constraint=C.positive, prior=GAMMA)
+    variance: jax.Array = ep.field(bijector=ep.FixedDistrax(tfb.Exp))
+
+
+class Periodic(eqx.Module):
+    period: jax.Array = ep.field(trainable=False)
+    lengthscale: jax.Array = ep.field(constraint=C.interval(0.1, 10.0))
+
+
+class GP(eqx.Module):
+    kernels: list
+    noise: jax.Array = ep.field(
+        constraint=C.positive, prior=distrax.LogStddevNormal(0.0, 0.0)
+    )
+    weights: jax.Array = ep.field(constraint=C.simplex)
+    chol: jax.Array = ep.field(constraint=C.lower_cholesky)
+    mean: jax.Array
+    jitter: float = eqx.field(static=True, default=1e-6)
+
+
+def _model():
+    return GP(
+        kernels=[
+            RBF(jnp.array([0.5, 2.0]), jnp.array(1.5)),
+            Periodic(jnp.array(3.0), jnp.array(0.7)),
+        ],
+        noise=jnp.array(0.1),
+        weights=jnp.array([0.2, 0.3, 0.5]),
+        chol=jnp.array([[1.0, 0.0], [0.4, 2.0]]),
+        mean=jnp.array(0.3),
+    )
+
+
+IS_SPEC = lambda x: x is None or isinstance(x, ep.ParamSpec)  # noqa: E731
+
+
+def test_spec_tree_mirrors_the_model_and_reads_nested_metadata():
+    model = _model()
+    specs = ep.spec_tree(model)
+    assert jtu.tree_structure(specs, is_leaf=IS_SPEC) == jtu.tree_structure(model)
+    assert specs.kernels[0].lengthscale.constraint is C.positive
+    assert specs.kernels[0].lengthscale.prior is GAMMA
+    assert specs.kernels[1].period.trainable is False
+    assert specs.noise.constraint is C.positive
+    assert specs.mean is None
+
+
+def test_bijector_and_prior_trees_mirror_the_model():
+    model = _model()
+    bijectors = ep.bijector_tree(model)
+    is_bij = lambda x: hasattr(x, "forward")  # noqa: E731
+    assert jtu.tree_structure(bijectors, is_leaf=is_bij) == jtu.tree_structure(model)
+    u = jnp.array([-3.0, 0.0, 4.0])
+    _close(bijectors.noise.forward(u), jax.nn.softplus(u))
+    _close(bijectors.kernels[0].variance.forward(u), jnp.exp(u))
+    _close(bijectors.mean.forward(u), u)  # identity where unannotated
+    priors = ep.prior_tree(model)
+    assert priors.kernels[0].lengthscale is GAMMA
+    assert priors.mean is None and priors.kernels[1].period is None
+
+
+def test_unconstrain_matches_hand_written_inverses_and_constrain_inverts_it():
+    model = _model()
+    raw = ep.unconstrain(model)
+    _close(raw.kernels[0].lengthscale, _inv_softplus(model.kernels[0].lengthscale))
+    _close(raw.kernels[0].variance, jnp.log(1.5))
+    _close(raw.kernels[1].lengthscale, _logit((0.7 - 0.1) / 9.9), rtol=1e-4)
+    _close(raw.noise, _inv_softplus(0.1))
+    assert raw.mean is model.mean and raw.kernels[1].period is model.kernels[1].period
+    back = ep.constrain(raw)
+    for a, b in zip(jtu.tree_leaves(back), jtu.tree_leaves(model)):
+        _close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_parameterize_resolves_back_and_excludes_frozen_from_trainable():
+    model = _model()
+    params = ep.parameterize(model)
+    assert ep.is_bijector(params.noise)
+    assert isinstance(params.kernels[1].period, ep.Frozen)
+    resolved = ep.resolve(params)
+    for a, b in zip(jtu.tree_leaves(resolved), jtu.tree_leaves(model)):
+        _close(a, b, rtol=1e-5, atol=1e-6)
+    spec = ep.trainable(params)
+    values, _ = eqx.partition(params, spec)
+    trained = {id(x) for x in jtu.tree_leaves(values)}
+    assert id(params.kernels[1].period.value) not in trained
+    assert id(params.noise.param) in trained
+    assert id(params.mean) in trained
+
+
+def test_log_prior_equals_hand_summed_log_probs():
+    model = _model()
+    expected = jnp.sum(
+        distrax.Gamma(2.0, 1.0).log_prob(model.kernels[0].lengthscale)
+    ) + distrax.Normal(0.0, 1.0).log_prob(model.noise)
+    _close(ep.log_prior(model), expected)
+
+
+def test_unconstrained_density_is_log_prior_plus_log_det_jacobian():
+    class K(eqx.Module):
+        lengthscale: jax.Array = ep.field(constraint=C.positive, prior=GAMMA)
+
+    params = ep.parameterize(K(jnp.array(1.5)))
+    u = params.lengthscale.param
+    got = ep.log_prior(ep.resolve(params)) + ep.log_det_jacobian(params)
+    # Change of variables: log p_u(u) = log p(softplus(u)) + log softplus'(u).
+    expected = distrax.Gamma(2.0, 1.0).log_prob(jax.nn.softplus(u)) + jnp.log(
+        jax.nn.sigmoid(u)
+    )
+    _close(got, expected)
+
+
+def test_overrides_on_a_module_you_do_not_own_win_over_metadata():
+    linear = eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(0))
+    linear = eqx.tree_at(lambda lin: lin.bias, linear, jnp.array([0.5, 1.5]))
+    overrides = ep.WhereDict(
+        {
+            lambda lin: lin.bias: ep.ParamSpec(constraint=C.positive),
+            "weight": ep.ParamSpec(trainable=False),
+        }
+    )
+    raw = ep.unconstrain(linear, overrides)
+    _close(raw.bias, _inv_softplus(linear.bias))
+    assert raw.weight is linear.weight
+    params = ep.parameterize(linear, overrides)
+    assert isinstance(params.weight, ep.Frozen) and ep.is_bijector(params.bias)
+    # An override replaces field metadata.
+    model = _model()
+    specs = ep.spec_tree(model, {lambda m: m.noise: ep.ParamSpec(trainable=False)})
+    assert specs.noise.constraint is None and specs.noise.trainable is False
+
+
+def test_override_selecting_nothing_names_its_label():
+    linear = eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="kernel.lengthscale"):
+        ep.spec_tree(linear, {lambda m: m.kernel.lengthscale: ep.ParamSpec()})
+
+
+def test_value_outside_support_names_the_parameter_path():
+    model = eqx.tree_at(
+        lambda m: m.kernels[0].lengthscale, _model(), jnp.array([1.0, -2.0])
+    )
+    with pytest.raises(
+        ValueError, match=r"`kernels\[0\]\.lengthscale`.*constraints.positive"
+    ):
+        ep.unconstrain(model)
+    with pytest.raises(ValueError, match=r"`kernels\[0\]\.lengthscale`"):
+        ep.parameterize(model)
+    bad_weights = eqx.tree_at(lambda m: m.weights, _model(), jnp.array([0.5, 0.6, 0.1]))
+    with pytest.raises(ValueError, match=r"`weights`.*constraints.simplex"):
+        ep.unconstrain(bad_weights)
+    bad_chol = eqx.tree_at(
+        lambda m: m.chol, _model(), jnp.array([[1.0, 0.3], [0.4, 2.0]])
+    )
+    with pytest.raises(ValueError, match=r"`chol`.*constraints.lower_cholesky"):
+        ep.unconstrain(bad_chol)
+
+
+def test_unknown_constraint_points_at_register_bijector_and_registration_works():
+    class Negative(C.Constraint):
+        def check(self, value):
+            return value < 0
+
+    with pytest.raises(TypeError, match=r"register_bijector\(Negative\)"):
+        ep.default_bijector(Negative())
+
+    @ep.register_bijector(Negative)
+    def _(constraint):
+        return ep.FixedDistrax(
+            tfb.Chain,
+            [ep.FixedDistrax(tfb.Scale, jnp.array(-1.0)), ep.FixedDistrax(tfb.Exp)],
+        )
+
+    class M(eqx.Module):
+        x: jax.Array = ep.field(constraint=Negative())
+
+    raw = ep.unconstrain(M(jnp.array(-2.0)))
+    _close(raw.x, jnp.log(2.0))
+    _close(ep.constrain(raw).x, -2.0)
+    with pytest.raises(ValueError, match="`x`"):
+        ep.unconstrain(M(jnp.array(2.0)))
+
+
+def test_bad_specs_are_rejected():
+    with pytest.raises(TypeError, match="`constraint` must be"):
+        ep.ParamSpec(constraint="positive")
+    with pytest.raises(TypeError, match="`trainable` must be"):
+        ep.ParamSpec(trainable=1)
+    with pytest.raises(ValueError, match="`low` must be smaller"):
+        C.interval(2.0, 1.0)
+    with pytest.raises(TypeError, match="register_bijector takes"):
+        ep.register_bijector(int)
+
+
+def test_prior_without_log_prob_is_an_error_naming_the_parameter():
+    class M(eqx.Module):
+        x: jax.Array = ep.field(prior=0.5)
+
+    with pytest.raises(
+        TypeError, match=r"prior of `x` is 0.5, which has no `log_prob`"
+    ):
+        ep.log_prior(M(jnp.array(1.0)))
+
+
+def test_training_through_constrain_matches_hand_written_gradients():
+    class Noise(eqx.Module):
+        scale: jax.Array = ep.field(constraint=C.positive)
+        shift: jax.Array
+
+    data = jnp.array([0.3, -1.2, 2.0, 0.7])
+
+    def loss(raw):
+        m = ep.constrain(raw)
+        return -jnp.sum(distrax.Normal(m.shift, m.scale).log_prob(data))
+
+    def hand_loss(u, shift):
+        scale = jax.nn.softplus(u)
+        z = (data - shift) / scale
+        return jnp.sum(0.5 * z**2 + jnp.log(scale) + 0.5 * jnp.log(2 * jnp.pi))
+
+    raw = ep.unconstrain(Noise(jnp.array(1.3), jnp.array(0.1)))
+    for _ in range(5):
+        grads = eqx.filter_grad(loss)(raw)
+        du, dshift = jax.grad(hand_loss, argnums=(0, 1))(raw.scale, raw.shift)
+        _close(grads.scale, du, rtol=1e-5)
+        _close(grads.shift, dshift, rtol=1e-5)
+        raw = jtu.tree_map(lambda p, g: p - 0.1 * g, raw, grads)
