@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed-examples
-	$(BIN)/python examples/fit_distribution.py
+	$(BIN)/python examples/gp_regression.py
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
@@ -28,6 +28,9 @@ lint: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-test
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
+
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .ruff_cache

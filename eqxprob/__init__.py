@@ -17,6 +17,7 @@ from ._bijector import (
     simplex as simplex,
     trainable as trainable,
 )
+from ._fit import NonFiniteLossError as NonFiniteLossError, fit as fit
 from ._registry import (
     ParamSpec as ParamSpec,
     bijector_tree as bijector_tree,
@@ -60,6 +61,9 @@ __all__ = [
     "register_bijector",
     "spec_tree",
     "unconstrain",
+    # training
+    "NonFiniteLossError",
+    "fit",
     # where-functions
     "WhereDict",
     "tree_at_all",
