@@ -27,7 +27,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format .
 
 bench: $(VENV)/.installed-test
-	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
+	for f in benchmarks/[!_]*.py; do $(BIN)/python $$f || exit 1; done
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict --site-dir site
