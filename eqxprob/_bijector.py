@@ -8,8 +8,8 @@ with `stop_gradient`, and `trainable(tree)` is the filter spec that keeps optimi
 
 The shortcuts (`positive`, `bounded`, `lower_cholesky`, `simplex`) use the small
 pure-JAX bijectors below rather than `FixedDistrax(tfb.Softplus)` & co.: they agree
-with TFP to rounding (see the tests) but trace about ten times faster, which counts
-in models with thousands of parameters (`benchmarks/resolve.py`).
+with TFP to rounding (see the tests) but trace about four times faster, which
+counts in models with thousands of parameters (`benchmarks/resolve.py`).
 """
 
 from __future__ import annotations
