@@ -443,7 +443,7 @@ class Frozen(eqx.Module):
     `ep.resolve` replaces the node by its (resolved) value with gradients stopped;
     `ep.trainable` marks everything inside as not trainable, so with
     `eqx.partition(model, ep.trainable(model))` neither gradients nor weight decay
-    reach it. `ep.log_det_jacobian` leaves `Bijector`s inside out: they are
+    reach it. `ep.log_det_jacobian` leaves out the `Bijector`s inside it: they are
     constants, not coordinates of the unconstrained space.
 
     **Arguments:**
@@ -564,6 +564,10 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     of `tree`, so `eqx.partition(tree, ep.trainable(tree))` splits off exactly the
     trained part: gradients, optimiser state and weight decay never reach the
     rest. (`eqx.is_inexact_array` would let weight decay move frozen values.)
+
+    Every other float array is trained, including the arrays of a `FixedDistrax`
+    stored in the model (say a prior's `loc` and `scale`): wrap such objects in
+    `ep.frozen` to keep them fixed.
 
     **Arguments:**
 
