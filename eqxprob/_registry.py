@@ -544,10 +544,12 @@ def _check_support(label: str, spec: ParamSpec, value: Any) -> None:
 
 
 def _map_annotated(model: PyTree, overrides: Any, fn: Callable) -> PyTree:
+    """Apply `fn` at annotated float leaves. Results get a strong dtype, so a
+    jitted step fed weakly typed values (`jnp.array(1.0)`) does not compile twice."""
     paths, specs, treedef = _leaf_specs(model, overrides)
     leaves = jtu.tree_leaves(model)
     out = [
-        fn(_label(path), spec, leaf)
+        _bij._as_float(fn(_label(path), spec, leaf))
         if spec is not None and spec.annotated and eqx.is_inexact_array(leaf)
         else leaf
         for path, spec, leaf in zip(paths, specs, leaves)

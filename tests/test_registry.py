@@ -226,6 +226,25 @@ def test_bad_specs_are_rejected():
         ep.register_bijector(int)
 
 
+def test_a_jitted_step_on_unconstrained_weak_values_compiles_once():
+    class Noise(eqx.Module):
+        scale: jax.Array = ep.field(constraint=C.positive)
+
+    raw = ep.unconstrain(Noise(jnp.array(1.3)))  # a weakly typed input
+    assert not raw.scale.weak_type
+    traces = []
+
+    @eqx.filter_jit
+    def step(raw):
+        traces.append(None)
+        grads = eqx.filter_grad(lambda r: ep.constrain(r).scale ** 2)(raw)
+        return jtu.tree_map(lambda p, g: p - 0.1 * g, raw, grads)
+
+    for _ in range(3):
+        raw = step(raw)
+    assert len(traces) == 1
+
+
 def test_prior_without_log_prob_is_an_error_naming_the_parameter():
     class M(eqx.Module):
         x: jax.Array = ep.field(prior=0.5)
