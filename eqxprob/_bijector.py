@@ -340,6 +340,12 @@ def _check(x: Array, bad: Any, what: str, fix: str, shown: Any = None) -> Array:
 # ---------------------------------------------------------------------- nodes
 
 
+def _check_positive(x: Array, what: str, fix: str) -> Array:
+    """`_check` that every entry of `x` is finite and > 0."""
+    v = _host(x)
+    return _check(x, ~((v > 0) & (v < np.inf)), what, fix)
+
+
 class Bijector(eqx.Module):
     """A constrained parameter: an unconstrained array and a transform.
 
@@ -696,10 +702,8 @@ def positive(value: ArrayLike) -> Bijector:
     ```
     """
     value = _as_float(value)
-    v = _host(value)
-    value = _check(
+    value = _check_positive(
         value,
-        ~((v > 0) & (v < np.inf)),
         "ep.positive: the value must be finite and > 0 (softplus reaches 0 only at "
         "-inf)",
         "Pass a positive value, e.g. `jnp.maximum(value, 1e-6)`.",
@@ -845,14 +849,13 @@ def simplex(value: ArrayLike) -> Bijector:
             "ep.simplex: expected a vector (or a batch of them) of shape (..., n) "
             f"with n >= 1, but the value has shape {value.shape}."
         )
-    v = _host(value)
-    value = _check(
+    value = _check_positive(
         value,
-        ~((v > 0) & (v < np.inf)),
         "ep.simplex: the entries must be finite and > 0 (the softmax reaches 0 only "
         "at -inf)",
         "Mix in a little of the uniform distribution: `(1 - eps) * value + eps / n`.",
     )
+    v = _host(value)
     total = v.sum(-1)
     tol = float(np.sqrt(jnp.finfo(value.dtype).eps))
     value = _check(

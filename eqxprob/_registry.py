@@ -419,17 +419,25 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
     return sorted(found, key=lambda item: len(item[0]))
 
 
-def _leaf_specs(model: Any, overrides: Any) -> tuple[list, list, Any]:
-    """Key paths, specs and treedef of every leaf of `model`."""
+def _leaf_specs(model: Any, overrides: Any) -> tuple[list, Any]:
+    """`(path, spec, leaf)` for every leaf of `model` (one flatten), and the treedef."""
     leaves_with_paths, treedef = jtu.tree_flatten_with_path(model)
-    paths = [path for path, _ in leaves_with_paths]
-    specs = [_metadata_spec(model, path) for path in paths]
+    specs = [_metadata_spec(model, path) for path, _ in leaves_with_paths]
     for prefix, spec in _override_specs(model, overrides):
         n = len(prefix)
-        for i, path in enumerate(paths):
+        for i, (path, _) in enumerate(leaves_with_paths):
             if tuple(path[:n]) == prefix:
                 specs[i] = spec
-    return paths, specs, treedef
+    entries = [
+        (path, spec, leaf) for (path, leaf), spec in zip(leaves_with_paths, specs)
+    ]
+    return entries, treedef
+
+
+def _map_leaves(model: Any, overrides: Any, fn: Callable) -> PyTree:
+    """`fn(path, spec, leaf)` at every leaf, rebuilt with `model`'s structure."""
+    entries, treedef = _leaf_specs(model, overrides)
+    return jtu.tree_unflatten(treedef, [fn(*entry) for entry in entries])
 
 
 def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -463,8 +471,7 @@ def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
     assert specs.weight is None and specs.bias.trainable is False
     ```
     """
-    _, specs, treedef = _leaf_specs(model, overrides)
-    return jtu.tree_unflatten(treedef, specs)
+    return _map_leaves(model, overrides, lambda path, spec, leaf: spec)
 
 
 def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -493,9 +500,13 @@ def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
     print(bijectors.scale.forward(jnp.array(0.0)))  # softplus(0) = log 2
     ```
     """
-    _, specs, treedef = _leaf_specs(model, overrides)
-    bijectors = [_IDENTITY if s is None else s.resolved_bijector() for s in specs]
-    return jtu.tree_unflatten(treedef, bijectors)
+    return _map_leaves(
+        model,
+        overrides,
+        lambda path, spec, leaf: (
+            _IDENTITY if spec is None else spec.resolved_bijector()
+        ),
+    )
 
 
 def prior_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -525,8 +536,9 @@ def prior_tree(model: PyTree, overrides: Any = None) -> PyTree:
     assert priors.shift is None
     ```
     """
-    _, specs, treedef = _leaf_specs(model, overrides)
-    return jtu.tree_unflatten(treedef, [None if s is None else s.prior for s in specs])
+    return _map_leaves(
+        model, overrides, lambda path, spec, leaf: None if spec is None else spec.prior
+    )
 
 
 def _check_support(label: str, spec: ParamSpec, value: Any) -> None:
@@ -546,15 +558,13 @@ def _check_support(label: str, spec: ParamSpec, value: Any) -> None:
 def _map_annotated(model: PyTree, overrides: Any, fn: Callable) -> PyTree:
     """Apply `fn` at annotated float leaves. Results get a strong dtype, so a
     jitted step fed weakly typed values (`jnp.array(1.0)`) does not compile twice."""
-    paths, specs, treedef = _leaf_specs(model, overrides)
-    leaves = jtu.tree_leaves(model)
-    out = [
-        _bij._as_float(fn(_label(path), spec, leaf))
-        if spec is not None and spec.annotated and eqx.is_inexact_array(leaf)
-        else leaf
-        for path, spec, leaf in zip(paths, specs, leaves)
-    ]
-    return jtu.tree_unflatten(treedef, out)
+
+    def apply(path: tuple, spec: ParamSpec | None, leaf: Any) -> Any:
+        if spec is not None and spec.annotated and eqx.is_inexact_array(leaf):
+            return _bij._as_float(fn(_label(path), spec, leaf))
+        return leaf
+
+    return _map_leaves(model, overrides, apply)
 
 
 def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
@@ -651,17 +661,17 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
     assert jnp.allclose(ep.resolve(model).lengthscale, 1.5)
     ```
     """
-    paths, specs, treedef = _leaf_specs(model, overrides)
-    out = []
-    for path, spec, leaf in zip(paths, specs, jtu.tree_leaves(model)):
+
+    def to_node(path: tuple, spec: ParamSpec | None, leaf: Any) -> Any:
         if spec is not None and eqx.is_inexact_array(leaf):
             if spec.annotated:
                 _check_support(_label(path), spec, leaf)
                 leaf = _bij.Bijector.from_value(leaf, spec.resolved_bijector())
             if not spec.trainable:
                 leaf = _bij.frozen(leaf)
-        out.append(leaf)
-    return jtu.tree_unflatten(treedef, out)
+        return leaf
+
+    return _map_leaves(model, overrides, to_node)
 
 
 def log_prior(model: PyTree, overrides: Any = None) -> Array:
@@ -698,9 +708,9 @@ def log_prior(model: PyTree, overrides: Any = None) -> Array:
 
     A scalar.
     """
-    paths, specs, _ = _leaf_specs(model, overrides)
+    entries, _ = _leaf_specs(model, overrides)
     total = jnp.zeros(())
-    for path, spec, leaf in zip(paths, specs, jtu.tree_leaves(model)):
+    for path, spec, leaf in entries:
         if spec is None or spec.prior is None:
             continue
         if not hasattr(spec.prior, "log_prob"):

@@ -215,7 +215,7 @@ class FixedDistrax(eqx.Module):
         except Exception as e:
             message = (
                 f"FixedDistrax({cls.__name__}): {_qualname(cls)} rejected the "
-                f"arguments {_describe(arguments)}: {e}"
+                f"arguments ({', '.join(_items(arguments))}): {e}"
             )
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
             raise error(message) from e
@@ -259,8 +259,9 @@ class FixedDistrax(eqx.Module):
         return getattr(self.instantiate(), name)
 
     def __repr__(self) -> str:
-        items = [f"{name}={_format(value)}" for name, value in self.arguments.items()]
-        return f"FixedDistrax({', '.join([self.cls.__name__, *items])})"
+        return (
+            f"FixedDistrax({', '.join([self.cls.__name__, *_items(self.arguments)])})"
+        )
 
     @property
     def is_distribution(self) -> bool:
@@ -458,5 +459,6 @@ def _format(value: Any) -> str:
     return eqx.tree_pformat(value, short_arrays=True, width=10_000)
 
 
-def _describe(arguments: Mapping[str, Any]) -> str:
-    return "(" + ", ".join(f"{k}={_format(v)}" for k, v in arguments.items()) + ")"
+def _items(arguments: Mapping[str, Any]) -> list[str]:
+    """`name=value` for each argument, arrays shown as `f32[3]`."""
+    return [f"{name}={_format(value)}" for name, value in arguments.items()]

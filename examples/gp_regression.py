@@ -80,6 +80,14 @@ def make_data(n: int = 200, seed: int = 0) -> tuple[Array, Array]:
     return x, y
 
 
+# Name and getter of each hyperparameter, for the tables the examples print.
+HYPERPARAMETERS = {
+    "kernel.lengthscale": lambda gp: gp.kernel.lengthscale,
+    "kernel.variance": lambda gp: gp.kernel.variance,
+    "noise (variance)": lambda gp: gp.noise,
+}
+
+
 def initial_model() -> ExactGP:
     return ExactGP(
         RBF(lengthscale=jnp.array(1.0), variance=jnp.array(1.0)), noise=jnp.array(0.5)
@@ -130,13 +138,9 @@ def main(
         gp, losses = train(x, y, steps=steps, progress=progress)
         print(f"Exact GP, RBF + noise, n = {n}, {steps} steps of adam(0.01), float64")
         print(f"{'hyperparameter':<22}{'initial':>10}{'fitted':>12}")
-        rows = [
-            ("kernel.lengthscale", 1.0, gp.kernel.lengthscale),
-            ("kernel.variance", 1.0, gp.kernel.variance),
-            ("noise (variance)", 0.5, gp.noise),
-        ]
-        for name, initial, fitted in rows:
-            print(f"{name:<22}{initial:>10.4f}{float(fitted):>12.4f}")
+        initial = initial_model()
+        for name, get in HYPERPARAMETERS.items():
+            print(f"{name:<22}{float(get(initial)):>10.4f}{float(get(gp)):>12.4f}")
         print(f"NLML: {float(losses[0]):.4f} -> {float(gp.nlml(x, y)):.4f}")
         plot(gp, x, y, out)
         print(f"wrote {out}")

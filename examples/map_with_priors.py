@@ -17,7 +17,7 @@ import argparse
 
 import jax
 import optax
-from gp_regression import ExactGP, initial_model, make_data, train
+from gp_regression import HYPERPARAMETERS, ExactGP, initial_model, make_data, train
 
 import eqxprob as ep
 
@@ -48,11 +48,7 @@ def main(
         print(f"GP hyperparameters on n = {n} points: maximum likelihood vs MAP")
         print("priors: lengthscale, variance ~ Gamma(2, 1); noise ~ Gamma(1, 10)")
         print(f"{'hyperparameter':<22}{'MLE':>10}{'MAP':>10}")
-        for name, get in [
-            ("kernel.lengthscale", lambda g: g.kernel.lengthscale),
-            ("kernel.variance", lambda g: g.kernel.variance),
-            ("noise (variance)", lambda g: g.noise),
-        ]:
+        for name, get in HYPERPARAMETERS.items():
             print(f"{name:<22}{float(get(mle)):>10.4f}{float(get(map_)):>10.4f}")
         print(
             f"{'NLML':<22}{float(mle.nlml(x, y)):>10.4f}{float(map_.nlml(x, y)):>10.4f}"

@@ -18,16 +18,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gp_regression import initial_model, make_data
+from gp_regression import HYPERPARAMETERS, initial_model, make_data
 
 import eqxprob as ep
 
 
-NAMES = ("kernel.lengthscale", "kernel.variance", "noise")
+NAMES = tuple(HYPERPARAMETERS)
 
 
 def _hyperparameters(gp) -> jax.Array:
-    return jnp.stack([gp.kernel.lengthscale, gp.kernel.variance, gp.noise])
+    return jnp.stack([get(gp) for get in HYPERPARAMETERS.values()])
 
 
 def main(
