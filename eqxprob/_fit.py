@@ -22,10 +22,13 @@ class NonFiniteLossError(FloatingPointError):
 
     **Attributes:**
 
-    - `step`: the (0-based) step whose loss or gradient was not finite.
-    - `model`: the model at the start of that step; no update was applied from
-      `step` on, so every parameter is still what the last finite step made it.
-    - `losses`: the losses of steps `0 .. step` (the last one non-finite).
+    - `step`: the (0-based) step whose loss or gradient was not finite. A
+      non-finite gradient is seen as non-finite parameters after its update, so
+      an optimiser that repairs it (e.g. `optax.zero_nans()`) trains on.
+    - `model`: the model at the start of that step: every parameter is still what
+      the last finite step made it.
+    - `losses`: the losses of steps `0 .. step` (the last one non-finite unless
+      only the gradient was).
 
     **Example:**
 
@@ -58,7 +61,6 @@ def _all_finite(tree: PyTree) -> Array:
 def _run_chunk(
     params: PyTree,
     opt_state: PyTree,
-    stopped: Array,
     static: PyTree,
     xs: Any,
     loss_fn: Callable,
@@ -66,11 +68,13 @@ def _run_chunk(
     data: Any,
     batch_size: int | None,
     length: int,
-) -> tuple[PyTree, PyTree, Array, Array, Array]:
-    """`length` optimisation steps in one `lax.scan`; returns losses and finiteness.
+) -> tuple[PyTree, PyTree, Array, Array]:
+    """`length` optimisation steps in one `lax.scan`: params, state, losses, finite.
 
-    Once a loss or gradient is not finite, `stopped` is set and no further update
-    is applied, so the parameters stay at their last finite values.
+    The scanned step is exactly a hand-written one (no finiteness checks, no
+    selects), so it compiles to the same instructions. `finite` says whether every
+    loss and the final parameters are finite; it costs one check per chunk, and
+    `fit` replays a chunk that was not to find the step that broke.
     """
 
     def loss(p: PyTree, batch: Any) -> Array:
@@ -78,7 +82,7 @@ def _run_chunk(
         return loss_fn(model) if batch is None else loss_fn(model, batch)
 
     def step(carry: tuple, key: Any) -> tuple[tuple, Array]:
-        p, state, stopped = carry
+        p, state = carry
         batch = None
         if data is not None:
             n = jtu.tree_leaves(data)[0].shape[0]
@@ -88,19 +92,14 @@ def _run_chunk(
                 index = jax.random.choice(key, n, (batch_size,), replace=False)
                 batch = jtu.tree_map(lambda d: d[index], data)
         value, grads = jax.value_and_grad(loss)(p, batch)
-        updates, new_state = optimiser.update(grads, state, p)
-        new_p = eqx.apply_updates(p, updates)
-        finite = jnp.isfinite(value) & _all_finite(grads)
-        stopped = stopped | ~finite
-        keep = lambda new, old: jnp.where(stopped, old, new)  # noqa: E731
-        p = jtu.tree_map(keep, new_p, p)
-        state = jtu.tree_map(keep, new_state, state)
-        return (p, state, stopped), (value, finite)
+        updates, state = optimiser.update(grads, state, p)
+        return (eqx.apply_updates(p, updates), state), value
 
-    (params, opt_state, stopped), (losses, finite) = jax.lax.scan(
-        step, (params, opt_state, stopped), xs, length=length
+    (params, opt_state), losses = jax.lax.scan(
+        step, (params, opt_state), xs, length=length
     )
-    return params, opt_state, stopped, losses, finite
+    finite = jnp.all(jnp.isfinite(losses)) & _all_finite(params)
+    return params, opt_state, losses, finite
 
 
 def fit(
@@ -192,7 +191,11 @@ def fit(
     # `jnp.array(0.0)`) compile the chunk a second time.
     params = _strong(params)
     opt_state = _strong(optimiser.init(params))
-    stopped = jnp.array(False)
+    batch = batch_size if minibatch else None
+
+    def run(p: PyTree, state: PyTree, xs: Any, length: int) -> tuple:
+        return _run_chunk(p, state, static, xs, loss_fn, optimiser, data, batch, length)
+
     keys = jax.random.split(key, steps) if minibatch else None
     bar = _progress_bar(progress, steps)
     losses: list[Array] = []
@@ -201,22 +204,13 @@ def fit(
         while done < steps:
             length = min(chunk_size, steps - done)
             xs = None if keys is None else keys[done : done + length]
-            params, opt_state, stopped, chunk, finite = _run_chunk(
-                params,
-                opt_state,
-                stopped,
-                static,
-                xs,
-                loss_fn,
-                optimiser,
-                data,
-                batch_size if minibatch else None,
-                length,
-            )
+            new_params, new_state, chunk, finite = run(params, opt_state, xs, length)
+            if not bool(finite):
+                _raise_non_finite(
+                    run, params, opt_state, xs, chunk, done, losses, static
+                )
+            params, opt_state = new_params, new_state
             losses.append(chunk)
-            if bool(stopped):
-                index = int(np.argmin(np.asarray(finite)))  # the first False
-                _raise_non_finite(done + index, losses, index, params, static)
             done += length
             if bar is not None:
                 bar.update(length)
@@ -248,9 +242,30 @@ def _check_data(data: PyTree) -> int:
 
 
 def _raise_non_finite(
-    step: int, losses: list[Array], index: int, params: Any, static: Any
+    run: Callable,
+    params: PyTree,
+    opt_state: PyTree,
+    xs: Any,
+    chunk: Array,
+    done: int,
+    losses: list[Array],
+    static: PyTree,
 ) -> None:
-    history = jnp.concatenate([*losses[:-1], losses[-1][: index + 1]])
+    """Replay a chunk that went non-finite one step at a time, from its start.
+
+    The failing step is the first whose loss, or whose updated parameters (how a
+    non-finite gradient shows), is not finite; the model raised with is the one
+    at the start of that step. Only this error path compiles a one-step chunk.
+    """
+    chunk = np.asarray(chunk)
+    for i in range(len(chunk)):
+        x = None if xs is None else xs[i : i + 1]
+        new_params, new_state, _, finite = run(params, opt_state, x, 1)
+        if not (bool(finite) and np.isfinite(chunk[i])) or i == len(chunk) - 1:
+            break
+        params, opt_state = new_params, new_state
+    step = done + i
+    history = jnp.concatenate([*losses, jnp.asarray(chunk[: i + 1])])
     raise NonFiniteLossError(
         f"fit: the loss or its gradient is not finite at step {step} "
         f"(loss = {float(history[-1])}). Training stopped; the model with the last "

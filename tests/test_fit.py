@@ -158,6 +158,68 @@ def test_non_finite_gradient_with_finite_loss_is_caught():
         ep.fit(jnp.array(0.0), loss, optimiser=optax.sgd(0.1), steps=5, progress=False)
 
 
+def test_non_finite_loss_in_a_later_chunk_reports_the_global_step():
+    # loss(x) = x while x > 0, nan after; sgd(0.1) from 1.05 gives x_k = 1.05 - 0.1 k,
+    # first non-positive at k = 11: the last step of the third 4-step chunk.
+    loss = lambda x: jnp.where(x > 0, x, jnp.nan)
+    with pytest.raises(ep.NonFiniteLossError, match="not finite at step 11") as info:
+        ep.fit(
+            jnp.array(1.05),
+            loss,
+            optimiser=optax.sgd(0.1),
+            steps=20,
+            progress=False,
+            chunk_size=4,
+        )
+    error = info.value
+    expected = jnp.array(1.05)
+    for _ in range(11):
+        expected = expected - 0.1  # the same float32 steps as sgd
+    assert error.step == 11
+    assert float(error.model) == float(expected) < 0
+    assert error.losses.shape == (12,) and np.isnan(error.losses[-1])
+    np.testing.assert_allclose(error.losses[:-1], 1.05 - 0.1 * np.arange(11), rtol=1e-5)
+
+
+def _nan_gradient_below(threshold):
+    """x, with a nan gradient (and a finite value) once x < threshold."""
+    return lambda x: jax.lax.cond(
+        x < threshold, lambda x: x + jnp.sqrt(x - x), lambda x: x, x
+    )
+
+
+def test_non_finite_gradient_at_the_very_last_step_is_caught():
+    # x_k = 1 - 0.1 k; the gradient is nan from x_8 = 0.2 on, at step 8 of 9: every
+    # loss is finite, only the final parameters are not.
+    with pytest.raises(ep.NonFiniteLossError, match="at step 8") as info:
+        ep.fit(
+            jnp.array(1.0),
+            _nan_gradient_below(0.25),
+            optimiser=optax.sgd(0.1),
+            steps=9,
+            progress=False,
+            chunk_size=3,
+        )
+    error = info.value
+    np.testing.assert_allclose(float(error.model), 0.2, rtol=1e-5)
+    assert error.losses.shape == (9,) and np.all(np.isfinite(error.losses))
+
+
+def test_an_optimiser_that_repairs_nan_gradients_trains_on():
+    optimiser = optax.chain(optax.zero_nans(), optax.sgd(0.1))
+    model, losses = ep.fit(
+        jnp.array(1.0),
+        _nan_gradient_below(0.25),
+        optimiser=optimiser,
+        steps=12,
+        progress=False,
+        chunk_size=5,
+    )
+    # Steps 0-7 move x by 0.1 each; from x = 0.2 the zeroed gradient holds it.
+    np.testing.assert_allclose(float(model), 0.2, rtol=1e-5)
+    assert np.all(np.isfinite(losses))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
