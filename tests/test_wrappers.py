@@ -9,6 +9,7 @@ import jax.tree_util as jtu
 import numpy as np
 import optax
 import pytest
+from _common import hlo_op_count
 from tensorflow_probability.substrates import jax as tfp
 
 import eqxprob as ep
@@ -298,11 +299,6 @@ def test_rejected_arguments_name_the_class_and_argument(build, error, match):
 # --- zero overhead after jit ----------------------------------------------
 
 
-def _hlo_ops(fn, *args):
-    text = jax.jit(fn).lower(*args).compile().as_text()
-    return sum(" = " in line for line in text.splitlines())
-
-
 @pytest.mark.parametrize(
     "cls, args",
     [
@@ -315,8 +311,8 @@ def _hlo_ops(fn, *args):
 def test_compiled_log_prob_has_the_same_hlo_as_raw(cls, args):
     x = jnp.linspace(-1.0, 1.0, 4)
     wrapped = ep.FixedDistrax(cls, *args)
-    raw_ops = _hlo_ops(lambda a, x: cls(*a).log_prob(x), args, x)
-    assert _hlo_ops(lambda w, x: w.log_prob(x), wrapped, x) == raw_ops
+    raw_ops = hlo_op_count(lambda a, x: cls(*a).log_prob(x), args, x)
+    assert hlo_op_count(lambda w, x: w.log_prob(x), wrapped, x) == raw_ops
 
 
 # --- training ----------------------------------------------------------------
