@@ -26,7 +26,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-bench
 	for f in benchmarks/[!_]*.py; do $(BIN)/python $$f || exit 1; done
 
 docs: $(VENV)/.installed-docs
