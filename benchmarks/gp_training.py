@@ -199,9 +199,12 @@ def _fit(model, loss, summary) -> Variant:
 
     def hlo() -> str:  # one chunk of 100 steps, as `ep.fit` compiles it
         params, static = eqx.partition(model, ep.trainable(model))
-        args = (params, OPTIMISER.init(params), static, None)
-        lowered = _run_chunk.lower(*args, loss, OPTIMISER, None, None, 100)
-        return lowered.lowered.compile().as_text()
+
+        def chunk(p, state):  # `fit`'s chunk without data, inlined into this jit
+            return _run_chunk(p, state, static, None, loss, OPTIMISER, None, None, 100)
+
+        lowered = jax.jit(chunk).lower(params, OPTIMISER.init(params))
+        return lowered.compile().as_text()
 
     variant.call, variant.hlo = call, hlo
     return variant
