@@ -120,7 +120,8 @@ def fit(
     `ep.Bijector` and plain float arrays reach the optimiser, so frozen values and a
     transform's own arrays (bounds) never move, weight decay included. Steps run
     inside `lax.scan` in chunks of `chunk_size`, with the progress bar updated
-    between chunks.
+    between chunks. The scanned step is exactly what you would write by hand (it
+    compiles to the same instructions); finiteness is checked once per chunk.
 
     **Arguments:**
 
@@ -147,7 +148,9 @@ def fit(
     **Raises:**
 
     `ep.NonFiniteLossError` when a loss or gradient is not finite; it carries the
-    step, the model with its last finite parameters, and the losses so far.
+    step, the model with its last finite parameters, and the losses so far. A
+    chunk that went non-finite is replayed one step at a time to find the step
+    (this compiles a one-step chunk, on the error path only).
 
     **Example:**
 
