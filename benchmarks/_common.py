@@ -32,13 +32,12 @@ def count_hlo_ops(hlo: str, loop_body: bool = False) -> int:
     of the one `while` loop's body and the computations it calls, i.e. one step of
     a `lax.scan`, without the code around the loop."""
     computations: dict[str, list[str]] = {}
-    name = entry = None
+    name = None
     for line in hlo.splitlines():
-        header = re.match(r"(ENTRY )?%(\S+) .*\{$", line)
+        header = re.match(r"(?:ENTRY )?%(\S+) .*\{$", line)
         if header:
-            name = header.group(2)
+            name = header.group(1)
             computations[name] = []
-            entry = name if header.group(1) else entry
         elif line.startswith("}"):
             name = None
         elif name is not None and " = " in line:
