@@ -250,13 +250,13 @@ def _paramax_variants(x, y) -> list[Variant]:
         )
     )
 
-    def summary(m) -> np.ndarray:
-        gp = paramax.unwrap(m)
-        return np.array([_nlml(gp.ls, gp.var, gp.noise, x, y), gp.ls, gp.var, gp.noise])
-
     def loss(m):
         gp = paramax.unwrap(m)
         return _nlml(gp.ls, gp.var, gp.noise, x, y)
+
+    def summary(m) -> np.ndarray:
+        gp = paramax.unwrap(m)
+        return np.array([loss(m), gp.ls, gp.var, gp.noise])
 
     return [_loop("paramax, filter_jit loop", model, loss, summary)]
 
