@@ -181,6 +181,37 @@ def test_non_finite_loss_in_a_later_chunk_reports_the_global_step():
     np.testing.assert_allclose(error.losses[:-1], 1.05 - 0.1 * np.arange(11), rtol=1e-5)
 
 
+def test_non_finite_loss_with_minibatches_replays_the_same_batches():
+    # m climbs from 0 towards the data mean 5.5; the loss is nan once m > 3.
+    def loss(m, batch):
+        return jnp.where(m > 3.0, jnp.nan, jnp.mean((batch - m) ** 2))
+
+    def error(chunk_size):
+        with pytest.raises(ep.NonFiniteLossError) as info:
+            ep.fit(
+                jnp.array(0.0),
+                loss,
+                optimiser=optax.sgd(0.05),
+                steps=200,
+                data=jnp.arange(12.0),
+                batch_size=4,
+                key=jax.random.PRNGKey(1),
+                progress=False,
+                chunk_size=chunk_size,
+            )
+        return info.value
+
+    # One step a chunk needs no replay; a replay with other batches would stop
+    # elsewhere or with another model.
+    reference = error(1)
+    assert float(reference.model) > 3.0
+    assert np.all(np.isfinite(reference.losses[:-1])) and np.isnan(reference.losses[-1])
+    for chunk_size in (7, 200):
+        e = error(chunk_size)
+        assert e.step == reference.step and float(e.model) == float(reference.model)
+        np.testing.assert_array_equal(e.losses, reference.losses)
+
+
 def _nan_gradient_below(threshold):
     """x, with a nan gradient (and a finite value) once x < threshold."""
     return lambda x: jax.lax.cond(
