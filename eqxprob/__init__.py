@@ -3,34 +3,39 @@
 The whole public surface is listed here; every other module is private.
 """
 
-from ._bijector import (
-    Bijector as Bijector,
-    Frozen as Frozen,
-    bounded as bounded,
-    frozen as frozen,
-    is_bijector as is_bijector,
-    log_det_jacobian as log_det_jacobian,
-    lower_cholesky as lower_cholesky,
-    positive as positive,
-    resolve as resolve,
-    resolve_all_bijectors as resolve_all_bijectors,
-    simplex as simplex,
-    trainable as trainable,
+from . import constraints as constraints
+from ._constraint import (
+    default_bijector as default_bijector,
+    register_bijector as register_bijector,
 )
 from ._fit import NonFiniteLossError as NonFiniteLossError, fit as fit
-from ._registry import (
+from ._metadata import (
     ParamSpec as ParamSpec,
     bijector_tree as bijector_tree,
     constrain as constrain,
-    constraints as constraints,
-    default_bijector as default_bijector,
     field as field,
     log_prior as log_prior,
     parameterize as parameterize,
     prior_tree as prior_tree,
-    register_bijector as register_bijector,
     spec_tree as spec_tree,
     unconstrain as unconstrain,
+)
+from ._parameter import (
+    Bijector as Bijector,
+    Frozen as Frozen,
+    bounded as bounded,
+    corr_cholesky as corr_cholesky,
+    frozen as frozen,
+    is_bijector as is_bijector,
+    log_det_jacobian as log_det_jacobian,
+    lower_cholesky as lower_cholesky,
+    nonnegative as nonnegative,
+    positive as positive,
+    positive_definite as positive_definite,
+    resolve as resolve,
+    resolve_all_bijectors as resolve_all_bijectors,
+    simplex as simplex,
+    trainable as trainable,
 )
 from ._state import UpdateOnEvent as UpdateOnEvent
 from ._where import (
@@ -75,11 +80,14 @@ __all__ = [
     "Bijector",
     "Frozen",
     "bounded",
+    "corr_cholesky",
     "frozen",
     "is_bijector",
     "log_det_jacobian",
     "lower_cholesky",
+    "nonnegative",
     "positive",
+    "positive_definite",
     "resolve",
     "resolve_all_bijectors",
     "simplex",

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from ._bijector import trainable
+from ._parameter import trainable
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -158,10 +158,12 @@ def test_overrides_on_a_module_you_do_not_own_win_over_metadata():
     assert raw.weight is linear.weight
     params = ep.parameterize(linear, overrides)
     assert isinstance(params.weight, ep.Frozen) and ep.is_bijector(params.bias)
-    # An override replaces field metadata.
+    # An override merges over field metadata, attribute by attribute: what it
+    # sets wins, the rest (here the constraint and the prior) is kept.
     model = _model()
     specs = ep.spec_tree(model, {lambda m: m.noise: ep.ParamSpec(trainable=False)})
-    assert specs.noise.constraint is None and specs.noise.trainable is False
+    assert specs.noise.constraint is C.positive and specs.noise.trainable is False
+    assert specs.noise.prior is not None
 
 
 def test_override_selecting_nothing_names_its_label():
@@ -245,14 +247,11 @@ def test_a_jitted_step_on_unconstrained_weak_values_compiles_once():
     assert len(traces) == 1
 
 
-def test_prior_without_log_prob_is_an_error_naming_the_parameter():
-    class M(eqx.Module):
-        x: jax.Array = ep.field(prior=0.5)
+def test_prior_without_log_prob_is_an_error_when_declared():
+    with pytest.raises(TypeError, match=r"the prior 0.5 has no `log_prob`"):
 
-    with pytest.raises(
-        TypeError, match=r"prior of `x` is 0.5, which has no `log_prob`"
-    ):
-        ep.log_prior(M(jnp.array(1.0)))
+        class M(eqx.Module):
+            x: jax.Array = ep.field(prior=0.5)
 
 
 def test_training_through_constrain_matches_hand_written_gradients():

@@ -1,0 +1,647 @@
+"""Parameter metadata: constraints, bijectors, priors and trainability per leaf.
+
+`ep.field(constraint=..., prior=...)` stores a `ParamSpec` in a dataclass field's
+metadata; `WhereDict` overrides attach specs to modules you do not own, merged
+attribute by attribute over the field's own. The tree builders walk the model once,
+read the spec along each leaf's key path, and return trees with the model's exact
+structure.
+
+Metadata stops at parameter nodes: a field holding an `ep.Bijector` or `ep.Frozen`
+node is already parameterised, so its spec describes the node's *value* (checked
+against the constraint, scored by the prior after `ep.resolve`), never the
+unconstrained `param` or the bounds inside it.
+
+Every transform goes through `_transforms` and every check through
+`_constraint.validate` and `_parameter.to_unconstrained`, as for the shortcuts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jaxtyping import Array, PyTree
+
+from . import _constraint, _errors, _parameter, _support, _transforms
+from ._constraint import Constraint
+from ._where import WhereDict, where_labels, where_paths
+
+
+_METADATA_KEY = "eqxprob"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ParamSpec:
+    """What eqxprob knows about one parameter.
+
+    **Arguments:**
+
+    - `bijector`: maps unconstrained space onto the parameter's support; a
+      `FixedDistrax` bijector, a raw TFP bijector, a raw distrax bijector without
+      arrays (e.g. `distrax.Sigmoid()`), or a callable (forward only: fine for
+      `constrain`, an error for `unconstrain`). Defaults to
+      `ep.default_bijector(constraint)`, or the identity without a constraint.
+      Given together with `constraint`, its range must lie in the constraint
+      (checked).
+    - `constraint`: an `ep.constraints` member (or a numpyro constraint): the
+      support, checked on `unconstrain`/`parameterize`.
+    - `prior`: a distribution (`FixedDistrax`, raw distrax/TFP/numpyro) over the
+      *constrained* value, used by `ep.log_prior`.
+    - `trainable`: `False` freezes the parameter (`ep.parameterize` wraps it in
+      `ep.Frozen`, so `ep.trainable` excludes it). `None` (the default) means "not
+      set": trainable, unless an outer spec says otherwise.
+
+    An attribute left as `None` is "not set": when an override meets a field's
+    own spec, `merged` takes each attribute from the override where it is set and
+    from the field elsewhere.
+
+    **Example:**
+
+    ```python
+    import distrax
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    spec = ep.ParamSpec(
+        constraint=ep.constraints.positive,
+        prior=ep.FixedDistrax(distrax.Gamma, jnp.array(2.0), jnp.array(1.0)),
+    )
+    only_prior = ep.ParamSpec(prior=spec.prior)
+    assert only_prior.merged(spec).constraint is ep.constraints.positive
+    ```
+    """
+
+    bijector: Any = None
+    constraint: Constraint | None = None
+    prior: Any = None
+    trainable: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.constraint is not None:
+            constraint = _constraint.as_constraint(self.constraint, "ParamSpec")
+            object.__setattr__(self, "constraint", constraint)
+        if self.trainable is not None and not isinstance(self.trainable, bool):
+            raise TypeError(
+                "ParamSpec: `trainable` must be True, False or None, got "
+                f"{self.trainable!r}."
+            )
+        if self.bijector is not None:
+            _transforms.as_transform(self.bijector, "ParamSpec: `bijector`")
+        if self.prior is not None and not hasattr(self.prior, "log_prob"):
+            raise TypeError(
+                f"ParamSpec: the prior {self.prior!r} has no `log_prob`. Use a "
+                "distribution: `ep.FixedDistrax(distrax.Normal, ...)` or a raw "
+                "distrax/TFP/numpyro distribution."
+            )
+
+    def merged(self, base: ParamSpec | None) -> ParamSpec:
+        """This spec over `base`: each attribute from `self` where set, else from
+        `base` (an override merged over a field's own metadata)."""
+        if base is None:
+            return self
+        pick = lambda name: (  # noqa: E731
+            getattr(self, name)
+            if getattr(self, name) is not None
+            else getattr(base, name)
+        )
+        return ParamSpec(*(pick(f.name) for f in dataclasses.fields(ParamSpec)))
+
+    @property
+    def annotated(self) -> bool:
+        """Whether the spec changes the parameterisation (bijector or constraint)."""
+        return self.bijector is not None or self.constraint is not None
+
+    @property
+    def is_trainable(self) -> bool:
+        return self.trainable is not False
+
+    def transform(self) -> Any:
+        """`bijector`, else the constraint's default bijector, else the identity."""
+        cached = self.__dict__.get("_transform")
+        if cached is None:
+            if self.bijector is not None:
+                cached = _transforms.as_transform(self.bijector, "ParamSpec")
+            elif self.constraint is not None:
+                cached = _constraint.default_bijector(self.constraint)
+            else:
+                cached = _transforms.Identity()
+            object.__setattr__(self, "_transform", cached)
+        return cached
+
+    @property
+    def probe(self) -> bool:
+        """Whether the bijector was chosen by hand for a constraint (then its
+        range is checked against the constraint)."""
+        return self.bijector is not None and self.constraint is not None
+
+
+def field(
+    *,
+    bijector: Any = None,
+    constraint: Constraint | None = None,
+    prior: Any = None,
+    trainable: bool | None = None,
+    **kwargs: Any,
+) -> Any:
+    """An `eqx.field` carrying a `ParamSpec` for the parameter it declares.
+
+    **Arguments:**
+
+    - `bijector`, `constraint`, `prior`, `trainable`: as for `ep.ParamSpec`.
+    - `**kwargs`: passed to `eqx.field` (e.g. `converter=`, `default=`).
+
+    **Example:**
+
+    ```python
+    import distrax
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class RBF(eqx.Module):
+        lengthscale: jnp.ndarray = ep.field(constraint=ep.constraints.positive)
+        variance: jnp.ndarray = ep.field(
+            constraint=ep.constraints.positive,
+            prior=ep.FixedDistrax(distrax.Normal, jnp.array(1.0), jnp.array(1.0)),
+        )
+
+    kernel = RBF(jnp.array(1.0), jnp.array(2.0))
+    raw = ep.unconstrain(kernel)   # inverse softplus of each parameter
+    assert jnp.allclose(ep.constrain(raw).variance, 2.0)
+    ```
+    """
+    spec = ParamSpec(
+        bijector=bijector, constraint=constraint, prior=prior, trainable=trainable
+    )
+    metadata = dict(kwargs.pop("metadata", None) or {})
+    metadata[_METADATA_KEY] = spec
+    return eqx.field(metadata=metadata, **kwargs)
+
+
+# --- traversal ------------------------------------------------------------------
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, ParamSpec)
+
+
+def _label(path: tuple) -> str:
+    return jtu.keystr(path).lstrip(".") or "(root)"
+
+
+def _field_spec(node: Any, name: str) -> ParamSpec | None:
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            if f.name == name:
+                return f.metadata.get(_METADATA_KEY)
+    return None
+
+
+def _child(node: Any, key: Any) -> Any:
+    if isinstance(key, jtu.GetAttrKey):
+        return getattr(node, key.name)
+    if isinstance(key, (jtu.SequenceKey, jtu.DictKey)):
+        return node[key.idx if isinstance(key, jtu.SequenceKey) else key.key]
+    return None  # a custom node: metadata below it is not read
+
+
+def _metadata_spec(model: Any, path: tuple) -> ParamSpec | None:
+    """The innermost field metadata along `path` (a field annotates its subtree)."""
+    spec, node = None, model
+    for key in path:
+        if node is None:
+            break
+        if isinstance(key, jtu.GetAttrKey):
+            spec = _field_spec(node, key.name) or spec
+        node = _child(node, key)
+    return spec
+
+
+def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]:
+    if overrides is None:
+        return []
+    if not isinstance(overrides, WhereDict):
+        overrides = WhereDict(overrides)
+    found: dict[tuple, tuple[str, ParamSpec]] = {}
+    for where, spec in overrides.where_items():
+        label = where_labels(where)
+        if not isinstance(spec, ParamSpec):
+            raise TypeError(
+                f"overrides[{label!r}] must be an `ep.ParamSpec`, got "
+                f"{type(spec).__name__}."
+            )
+        path = tuple(where_paths(where, model, is_leaf=_parameter.is_node))
+        if path in found:
+            raise ValueError(
+                f"overrides[{label!r}] and overrides[{found[path][0]!r}] select the "
+                f"same node `{_label(path)}`. Give it one entry."
+            )
+        found[path] = (label, spec)
+    # Deeper overrides are more specific: merge them last.
+    return sorted(
+        ((path, spec) for path, (_, spec) in found.items()), key=lambda e: len(e[0])
+    )
+
+
+def _entries(model: Any, overrides: Any) -> tuple[list, Any]:
+    """`(path, spec, item)` for every leaf or parameter node of `model` (one
+    flatten, nodes as single items), and the treedef."""
+    items, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+    specs = [_metadata_spec(model, path) for path, _ in items]
+    for prefix, spec in _override_specs(model, overrides):
+        n = len(prefix)
+        for i, (path, _) in enumerate(items):
+            if tuple(path[:n]) == prefix:
+                specs[i] = spec.merged(specs[i])
+    return [(path, spec, item) for (path, item), spec in zip(items, specs)], treedef
+
+
+def _map(model: Any, overrides: Any, fn: Callable, inside: Callable) -> PyTree:
+    """`fn(label, spec, leaf)` at every leaf, `inside(node)` at every parameter
+    node (as a tree of the node's structure), rebuilt with `model`'s structure."""
+    entries, treedef = _entries(model, overrides)
+    out = []
+    for path, spec, item in entries:
+        if _parameter.is_node(item):
+            out.append(inside(_label(path), spec, item))
+        else:
+            out.append(fn(_label(path), spec, item))
+    return jtu.tree_unflatten(treedef, out)
+
+
+def _named(label: str) -> str:
+    return f"Parameter `{label}`"
+
+
+def _none_inside(label: str, spec: Any, node: Any) -> Any:
+    return jtu.tree_map(lambda _: None, node)
+
+
+def _parameter_leaf(label: str, spec: ParamSpec | None, leaf: Any) -> bool:
+    """Whether `spec` reparameterises `leaf`; a `TypeError` for a spec on a leaf
+    that cannot carry it (an integer array, a Python number)."""
+    if spec is None or not spec.annotated:
+        return False
+    if eqx.is_inexact_array(leaf):
+        if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+            raise TypeError(
+                f"Parameter `{label}` is complex ({leaf.dtype}); constrained "
+                "parameters must be real."
+            )
+        return True
+    kind = (
+        f"an array of dtype {leaf.dtype}"
+        if eqx.is_array(leaf)
+        else f"a Python {type(leaf).__name__}"
+    )
+    raise TypeError(
+        f"Parameter `{label}` has a constraint or bijector but is {kind}, which is "
+        "never trained (Python numbers are static under `eqx.filter_jit`, integer "
+        f"arrays have no gradient). Pass a float array: `jnp.asarray({label}, "
+        "float)`, or drop its annotation."
+    )
+
+
+def _check_node(label: str, spec: ParamSpec | None, node: Any) -> None:
+    if spec is not None and spec.constraint is not None:
+        _constraint.validate(spec.constraint, _parameter.resolve(node), _named(label))
+
+
+def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
+    """A tree of the model's structure with the `ParamSpec` (or `None`) of each leaf.
+
+    Specs come from `ep.field` metadata (a field annotates every leaf below it;
+    the innermost annotation wins) and from `overrides`, a `WhereDict` (or dict)
+    from where-functions or labels to `ParamSpec`s, merged attribute by attribute
+    over the metadata (an override's set attributes win; deeper overrides are
+    merged last). Two overrides selecting one node are an error. Leaves inside an
+    `ep.Bijector` or `ep.Frozen` node get `None`: metadata stops at nodes.
+
+    **Arguments:**
+
+    - `model`: any PyTree, typically an `eqx.Module`.
+    - `overrides`: optional `{where: ParamSpec}`; a where that selects nothing in
+      `model` raises `ValueError` naming its label.
+
+    **Returns:**
+
+    A PyTree with `model`'s structure; map over it with
+    `is_leaf=lambda x: x is None or isinstance(x, ep.ParamSpec)`.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    linear = eqx.nn.Linear(2, 1, key=jax.random.PRNGKey(0))
+    specs = ep.spec_tree(linear, {lambda l: l.bias: ep.ParamSpec(trainable=False)})
+    assert specs.weight is None and specs.bias.trainable is False
+    ```
+    """
+    return _map(model, overrides, lambda label, spec, leaf: spec, _none_inside)
+
+
+def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
+    """A tree of the model's structure with the bijector of each leaf.
+
+    Unannotated leaves (and leaves inside parameter nodes) get the identity
+    bijector. See `ep.spec_tree` for how specs are found.
+
+    **Arguments:**
+
+    - `model`: any PyTree, typically an `eqx.Module` with `ep.field` metadata.
+    - `overrides`: optional `{where: ParamSpec}` (a `WhereDict` or a dict keyed by
+      where-functions or labels), merged over field metadata.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Noise(eqx.Module):
+        scale: jnp.ndarray = ep.field(constraint=ep.constraints.positive)
+
+    bijectors = ep.bijector_tree(Noise(jnp.array(0.5)))
+    print(bijectors.scale.forward(jnp.array(0.0)))  # softplus(0) = log 2
+    ```
+    """
+    identity = _transforms.Identity()
+
+    def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
+        return spec.transform() if _parameter_leaf(label, spec, x) else identity
+
+    inside = lambda label, spec, node: jtu.tree_map(lambda _: identity, node)  # noqa: E731
+    return _map(model, overrides, leaf, inside)
+
+
+def prior_tree(model: PyTree, overrides: Any = None) -> PyTree:
+    """A tree of the model's structure with the prior of each leaf (`None` if none).
+
+    Leaves inside parameter nodes get `None` (`ep.log_prior` scores a node's
+    resolved value with its field's prior).
+
+    **Arguments:**
+
+    - `model`: any PyTree, typically an `eqx.Module` with `ep.field` metadata.
+    - `overrides`: optional `{where: ParamSpec}` (a `WhereDict` or a dict keyed by
+      where-functions or labels), merged over field metadata.
+
+    **Example:**
+
+    ```python
+    import distrax
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Noise(eqx.Module):
+        scale: jnp.ndarray = ep.field(
+            prior=ep.FixedDistrax(distrax.Normal, jnp.array(0.0), jnp.array(1.0))
+        )
+        shift: jnp.ndarray
+
+    priors = ep.prior_tree(Noise(jnp.array(0.5), jnp.array(0.0)))
+    assert priors.shift is None
+    ```
+    """
+    return _map(
+        model,
+        overrides,
+        lambda label, spec, leaf: None if spec is None else spec.prior,
+        _none_inside,
+    )
+
+
+def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
+    """Map every annotated parameter to unconstrained space (the bijector's inverse).
+
+    A value outside its constraint's support, outside its bijector's range, or too
+    close to the boundary to be represented raises `ValueError` naming its path,
+    e.g. `kernels[0].lengthscale` (under `jit`: an `eqx.error_if` with the same
+    message). `ep.constrain` is the exact inverse. Parameter nodes (`ep.Bijector`,
+    `ep.Frozen`) are already unconstrained: they are returned unchanged, after
+    checking their value against the field's constraint.
+
+    **Arguments:**
+
+    - `model`: any PyTree, typically an `eqx.Module` with `ep.field` metadata.
+    - `overrides`: optional `{where: ParamSpec}` (a `WhereDict` or a dict keyed by
+      where-functions or labels), merged over field metadata.
+
+    **Raises:**
+
+    `ValueError` as above; `TypeError` for a bijector without an inverse (a plain
+    callable) or a constraint on a leaf that is not a float array.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Noise(eqx.Module):
+        scale: jnp.ndarray = ep.field(constraint=ep.constraints.positive)
+
+    raw = ep.unconstrain(Noise(jnp.array(2.0)))
+    assert jnp.allclose(ep.constrain(raw).scale, 2.0)
+    ```
+    """
+
+    def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
+        if not _parameter_leaf(label, spec, x):
+            return x
+        return _parameter.to_unconstrained(
+            x, spec.transform(), spec.constraint, _named(label), probe=spec.probe
+        )
+
+    def node(label: str, spec: ParamSpec | None, x: Any) -> Any:
+        _check_node(label, spec, x)
+        return x
+
+    return _map(model, overrides, leaf, node)
+
+
+def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
+    """Map every annotated parameter from unconstrained space (the bijector's forward).
+
+    Call it at the top of a loss on a model produced by `ep.unconstrain`, so that
+    gradients live in unconstrained space. Parameter nodes are returned unchanged.
+
+    **Arguments:**
+
+    - `raw_model`: a model as returned by `ep.unconstrain`.
+    - `overrides`: the same overrides given to `ep.unconstrain`.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Noise(eqx.Module):
+        scale: jnp.ndarray = ep.field(constraint=ep.constraints.positive)
+
+    raw = ep.unconstrain(Noise(jnp.array(2.0)))
+    grad = eqx.filter_grad(lambda r: ep.constrain(r).scale)(raw)
+    # d softplus(u) / du = sigmoid(u) = 1 - exp(-2)
+    assert jnp.allclose(grad.scale, 1 - jnp.exp(-2.0))
+    ```
+    """
+
+    def leaf(label: str, spec: ParamSpec | None, u: Any) -> Any:
+        if not _parameter_leaf(label, spec, u):
+            return u
+        transform = spec.transform()
+        if spec.probe:
+            _parameter.probe_range(transform, u, spec.constraint, _named(label))
+        return _errors.as_float(_transforms.forward(transform, u), label)
+
+    return _map(raw_model, overrides, leaf, lambda label, spec, node: node)
+
+
+def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
+    """Turn annotated parameters into `ep.Bijector` nodes, frozen ones into `ep.Frozen`.
+
+    `ep.resolve(ep.parameterize(m))` equals `m`; `ep.trainable` then selects exactly
+    the unconstrained parameters that should train. Idempotent: a node already in
+    a field is kept (after checking its value against the field's constraint) and
+    only wrapped in `ep.Frozen` if the field says `trainable=False`.
+
+    **Arguments:**
+
+    - `model`: any PyTree, typically an `eqx.Module` with `ep.field` metadata.
+    - `overrides`: optional `{where: ParamSpec}` (a `WhereDict` or a dict keyed by
+      where-functions or labels), merged over field metadata.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Kernel(eqx.Module):
+        lengthscale: jnp.ndarray = ep.field(constraint=ep.constraints.positive)
+        period: jnp.ndarray = ep.field(trainable=False)
+
+    model = ep.parameterize(Kernel(jnp.array(1.5), jnp.array(3.0)))
+    assert ep.is_bijector(model.lengthscale)
+    assert jnp.allclose(ep.resolve(model).lengthscale, 1.5)
+    assert ep.parameterize(model) == model
+    ```
+    """
+
+    def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
+        if _parameter_leaf(label, spec, x):
+            transform = spec.transform()
+            param = _parameter.to_unconstrained(
+                x, transform, spec.constraint, _named(label), probe=spec.probe
+            )
+            x = _parameter.Bijector(param, transform)
+        if spec is not None and not spec.is_trainable and eqx.is_array(x):
+            x = _parameter.frozen(x)
+        return x
+
+    def node(label: str, spec: ParamSpec | None, x: Any) -> Any:
+        _check_node(label, spec, x)
+        if (
+            spec is not None
+            and not spec.is_trainable
+            and not isinstance(x, _parameter.Frozen)
+        ):
+            return _parameter.frozen(x)
+        return x
+
+    return _map(model, overrides, leaf, node)
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    return tuple(
+        int(d) for d in (shape.as_list() if hasattr(shape, "as_list") else shape)
+    )
+
+
+def log_prior(model: PyTree, overrides: Any = None) -> Array:
+    """Sum of the prior log-densities of the (constrained) parameters.
+
+    Parameter nodes are scored at their resolved (constrained) value, so
+    `log_prior(ep.parameterize(m)) == log_prior(m)`. A value outside a prior's
+    support scores `-inf` (not NaN, not the density's formula continued). This is
+    a density over the *constrained* values. For a density over the unconstrained
+    parameters that an optimiser or sampler actually moves, add the
+    log-determinant of the Jacobian of the transform:
+
+    ```python
+    import distrax
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Kernel(eqx.Module):
+        lengthscale: jnp.ndarray = ep.field(
+            constraint=ep.constraints.positive,
+            prior=ep.FixedDistrax(distrax.Gamma, jnp.array(2.0), jnp.array(1.0)),
+        )
+
+    params = ep.parameterize(Kernel(jnp.array(1.5)))
+    constrained = ep.log_prior(params)                         # log p(lengthscale)
+    unconstrained = constrained + ep.log_det_jacobian(params)  # log p(u)
+    ```
+
+    **Arguments:**
+
+    - `model`: a model holding constrained values or parameter nodes; leaves
+      without a prior contribute nothing.
+    - `overrides`: optional `{where: ParamSpec}`, as for `ep.spec_tree`.
+
+    **Returns:**
+
+    A scalar.
+
+    **Raises:**
+
+    `ValueError` naming the parameter if the prior's batch shape does not fit the
+    parameter's (a scalar parameter under a prior of batch shape `(3,)` would be
+    counted three times).
+    """
+    entries, _ = _entries(model, overrides)
+    total = jnp.zeros(())
+    for path, spec, item in entries:
+        if spec is None or spec.prior is None:
+            continue
+        label = _label(path)
+        value = _parameter.resolve(item) if _parameter.is_node(item) else item
+        value = jnp.asarray(value)
+        prior = spec.prior
+        event = _shape(prior.event_shape)
+        if value.ndim < len(event) or value.shape[value.ndim - len(event) :] != event:
+            raise ValueError(
+                f"The prior of `{label}` has event shape {event}, but the parameter "
+                f"has shape {value.shape}. Give the prior the parameter's event shape."
+            )
+        batch = value.shape[: value.ndim - len(event)]
+        lp = prior.log_prob(value)
+        if np.broadcast_shapes(lp.shape, batch) != batch:
+            raise ValueError(
+                f"The prior of `{label}` gives log-densities of shape {lp.shape} for "
+                f"a parameter of batch shape {batch}, so it would count the "
+                "parameter more than once. Give the prior the parameter's shape (or "
+                "a scalar one)."
+            )
+        ok = _support.in_support(prior, value)
+        if ok is not None:
+            lp = jnp.where(ok, lp, -jnp.inf)
+        total = total + jnp.sum(lp)
+    return total

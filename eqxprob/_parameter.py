@@ -1,0 +1,709 @@
+"""Constrained parameters: `Bijector` and `Frozen` nodes, resolved in the forward pass.
+
+A `Bijector` holds an unconstrained array `param` (what the optimiser sees) and a
+`transform`; `resolve(tree)` replaces every such node by `transform(param)`,
+innermost first, as paramax's `unwrap` does. `Frozen` nodes resolve to their value
+with `stop_gradient`, and `trainable(tree)` is the filter spec that keeps optimisers
+(weight decay included) away from frozen values and from a transform's own arrays.
+
+`to_unconstrained` is the one path from a constrained value to its parameter: the
+shortcuts (`positive`, `bounded`, ...), `Bijector.from_value` and the registry
+(`ep.unconstrain`, `ep.parameterize`) all call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import wadler_lindig as wl
+from jaxtyping import Array, ArrayLike, PyTree
+
+from . import _constraint, _errors, _transforms
+from ._constraint import Constraint
+
+
+# ---------------------------------------------------------------- the one path
+
+
+def to_unconstrained(
+    value: ArrayLike,
+    transform: Any,
+    constraint: Constraint | None,
+    name: str,
+    *,
+    probe: bool = False,
+) -> Array:
+    """The unconstrained parameter of `value`: checked, inverted, checked again.
+
+    1. `value` must lie in `constraint` (`ValueError` naming `name`);
+    2. `transform`'s inverse must be finite there (else the value is outside the
+       bijector's range);
+    3. `transform(inverse(value))` must lie in `constraint` again, so a value the
+       dtype cannot represent through the bijector (softplus underflows below
+       ~1e-38 in float32) is an error rather than a parameter that resolves to 0;
+    4. with `probe=True` (a bijector given explicitly alongside a constraint) the
+       bijector's outputs near the parameter must lie in the constraint too, so a
+       bijector whose range leaves its constraint is caught.
+
+    Checks become `eqx.error_if`s with the same messages under `jit`.
+    """
+    value = _errors.as_float(value, name)
+    if constraint is not None:
+        value = _constraint.validate(constraint, value, name)
+    if not _transforms.has_inverse(transform):
+        _transforms.inverse(transform, value, name)  # raises the TypeError
+    traced = _errors.is_traced(value)
+    param, back, near = (_round_trip if traced else _round_trip_jit)(
+        transform, value, probe
+    )
+    p = _errors.host(param)
+    bad = ~(abs(p) < np.inf)
+    if param.shape != value.shape:  # entries do not correspond: flag it all
+        bad = bad.any()
+    param = _errors.check(
+        param,
+        bad,
+        f"{name}: the value is outside the range of the bijector "
+        f"{_transforms.describe(transform)} (its inverse is not finite there)",
+        "Pass a value inside the bijector's range, or choose another bijector.",
+        ("value", value),
+    )
+    v, b = _errors.host(value), _errors.host(back)
+    missed = _transforms.round_trip_error(transform, v, b)
+    if missed is not None:
+        param = _errors.check(
+            param,
+            missed,
+            f"{name}: the value cannot be represented through the bijector "
+            f"{_transforms.describe(transform)} in {value.dtype}: mapped back it "
+            "becomes another number (softplus, say, underflows near the smallest "
+            "normal number)",
+            "Use a value further from the boundary, or float64.",
+            ("value", value),
+        )
+    if constraint is None:
+        return param
+    for output, what, fix in (
+        (
+            back,
+            "cannot be represented through the bijector "
+            f"{_transforms.describe(transform)}: mapped back, it leaves "
+            f"{constraint!r} (a value too close to the boundary for the dtype)",
+            "Move the value further inside the support, or use float64.",
+        ),
+        (
+            near,
+            f"has the bijector {_transforms.describe(transform)}, whose range "
+            f"leaves its constraint {constraint!r}",
+            "Pass a bijector onto the constraint's support, or drop `bijector=` to "
+            "use the constraint's default.",
+        ),
+    ):
+        if output is None:
+            continue
+        o = _errors.host(output)
+        ok = constraint.check(o) if _errors.is_traced(o) else constraint._host_check(o)
+        param = _errors.check(
+            param, ~ok, f"{name} {what}", fix, f"{name} = {_errors.short(value)}"
+        )
+    return param
+
+
+def probe_range(
+    transform: Any, param: Array, constraint: Constraint, name: str
+) -> None:
+    """Eagerly check that `transform`'s outputs near `param` lie in `constraint`."""
+    if _errors.is_traced(param):
+        return
+    near = _near(transform, param)
+    ok = constraint._host_check(np.asarray(near))
+    _errors.check(
+        param,
+        ~ok,
+        f"{name} has the bijector {_transforms.describe(transform)}, whose range "
+        f"leaves its constraint {constraint!r}",
+        "Pass a bijector onto the constraint's support, or drop `bijector=` to use "
+        "the constraint's default.",
+        f"{name} (unconstrained) = {_errors.short(param)}",
+    )
+
+
+_PROBES = np.array([-10.0, -1.0, 1.0, 10.0])
+
+
+def _near(transform: Any, param: Array) -> Array:
+    shifts = jnp.asarray(_PROBES, param.dtype).reshape((-1,) + (1,) * param.ndim)
+    return jax.vmap(lambda p: _transforms.forward(transform, p))(param + shifts)
+
+
+def _round_trip(transform: Any, value: Array, probe: bool) -> tuple:
+    param = _transforms.inverse(transform, value, "")
+    back = _transforms.forward(transform, param)
+    near = _near(transform, param) if probe else None
+    return param, back, near
+
+
+# One compilation per transform and shape, rather than one per operation.
+_round_trip_jit = eqx.filter_jit(_round_trip)
+
+
+# ---------------------------------------------------------------------- nodes
+
+
+class Bijector(eqx.Module):
+    """A constrained parameter: an unconstrained array and a transform.
+
+    `ep.resolve` replaces the node by `transform(param)` (the bijector's `forward`
+    or the callable itself), so gradients and optimisers act on the unconstrained
+    `param`. Use it as a leaf anywhere in a model.
+
+    Using a node as an array (`jnp.asarray(node)`, `node + 1`) is a `TypeError`
+    that says to call `ep.resolve` first.
+
+    **Arguments:**
+
+    - `param`: the unconstrained array (finite), or a nested node.
+    - `transform`: an `ep.FixedDistrax` bijector, a raw TFP bijector (stored as a
+      `FixedDistrax`), a raw distrax bijector without arrays (e.g.
+      `distrax.Sigmoid()`), a built-in bijector from `ep.default_bijector`, or a
+      plain callable (forward only: no `inverse`, no log-det).
+
+    **Raises:**
+
+    `ValueError` if `param` is not finite; `TypeError` for a transform that is
+    none of the above.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    scale = ep.Bijector(jnp.array(0.0), jax.nn.softplus)
+    assert jnp.allclose(ep.resolve(scale), jnp.log(2.0))
+    ```
+    """
+
+    param: Any
+    transform: Any
+
+    def __init__(self, param: Any, transform: Any):
+        self.transform = _transforms.as_transform(transform, "ep.Bijector")
+        if isinstance(param, (Bijector, Frozen)) or not _is_array_like(param):
+            self.param = param
+            return
+        param = _errors.as_float(param, "ep.Bijector: `param`")
+        p = _errors.host(param)
+        self.param = _errors.check(
+            param,
+            ~(abs(p) < np.inf),
+            "ep.Bijector: `param` (the unconstrained value) must be finite",
+            "Build the node from a constrained value with `ep.Bijector.from_value` "
+            "or a shortcut such as `ep.positive`, which check it.",
+            ("param", param),
+        )
+
+    @classmethod
+    def from_value(
+        cls,
+        value: ArrayLike,
+        transform: Any = None,
+        *,
+        constraint: Any = None,
+    ) -> Bijector:
+        """Build a `Bijector` from a constrained `value`, via the inverse.
+
+        **Arguments:**
+
+        - `value`: the constrained value.
+        - `transform`: as for `ep.Bijector`, with an `inverse`. Defaults to
+          `ep.default_bijector(constraint)`.
+        - `constraint`: optional `ep.constraints` member the value must lie in.
+
+        **Raises:**
+
+        `ValueError` if `value` is outside `constraint` or outside the transform's
+        range (its inverse is not finite there), or if it cannot be represented
+        through the transform in its dtype; `TypeError` if the transform has no
+        inverse. Under `jit` the same checks run as `eqx.error_if`.
+
+        **Example:**
+
+        ```python
+        from tensorflow_probability.substrates.jax import bijectors as tfb
+        import eqxprob as ep
+
+        scale = ep.Bijector.from_value(2.0, tfb.Exp())
+        assert abs(ep.resolve(scale) - 2.0) < 1e-6
+        ```
+        """
+        return _from_value(value, transform, constraint, "Bijector.from_value")
+
+    def __jax_array__(self):
+        raise TypeError(_UNRESOLVED)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(_UNRESOLVED)
+
+    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc:
+        name = _transforms.describe(self.transform)
+        try:
+            value = resolve(self)
+            text = _errors.short(value) if np.size(value) <= 6 else None
+        except Exception:  # traced, or a transform that fails: show the parameter
+            value, text = self.param, None
+        value_doc = wl.TextDoc(text) if text is not None else wl.pdoc(value, **kwargs)
+        docs = [value_doc, wl.TextDoc(name)]
+        return wl.bracketed(
+            wl.TextDoc("Bijector("),
+            docs,
+            wl.comma,
+            wl.TextDoc(")"),
+            kwargs.get("indent", 2),
+        )
+
+    def __repr__(self) -> str:
+        return eqx.tree_pformat(self)
+
+
+_UNRESOLVED = (
+    "An `ep.Bijector` node is not an array: call `ep.resolve` first "
+    "(`model = ep.resolve(model)` at the top of the forward pass)."
+)
+
+
+def _is_array_like(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, float, int, bool))
+
+
+def _from_value(value: Any, transform: Any, constraint: Any, name: str) -> Bijector:
+    explicit = transform is not None
+    if constraint is not None:
+        constraint = _constraint.as_constraint(constraint, name)
+    if transform is None:
+        if constraint is None:
+            raise TypeError(f"{name}: pass a `transform` or a `constraint`.")
+        transform = _constraint.default_bijector(constraint)
+    transform = _transforms.as_transform(transform, name)
+    probe = explicit and constraint is not None
+    param = to_unconstrained(value, transform, constraint, name, probe=probe)
+    return Bijector(param, transform)
+
+
+class Frozen(eqx.Module):
+    """A value that is not trained: it resolves with `jax.lax.stop_gradient`.
+
+    `ep.resolve` replaces the node by its (resolved) value with gradients stopped;
+    `ep.trainable` marks everything inside as not trainable, so with
+    `eqx.partition(model, ep.trainable(model))` neither gradients nor weight decay
+    reach it. `ep.log_det_jacobian` leaves out the `Bijector`s inside it: they are
+    constants, not coordinates of the unconstrained space.
+
+    **Arguments:**
+
+    - `value`: any PyTree, e.g. an array or a `Bijector`.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    grad = jax.grad(lambda x: ep.resolve(ep.Frozen(x)) ** 2)(jnp.array(3.0))
+    assert grad == 0.0
+    ```
+    """
+
+    value: Any
+
+
+def frozen(value: Any) -> Frozen:
+    """Freeze `value`: shorthand for `ep.Frozen(value)`.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    noise = ep.frozen(ep.positive(0.1))
+    assert ep.trainable(noise).value.param is False
+    ```
+    """
+    return Frozen(value)
+
+
+def is_bijector(x: Any) -> bool:
+    """Whether `x` is a `Bijector` node; use it as `is_leaf` in `jtu.tree_map`.
+
+    **Example:**
+
+    ```python
+    import jax.tree_util as jtu
+    import eqxprob as ep
+
+    model = {"scale": ep.positive(1.0), "n": 3}
+    nodes = jtu.tree_leaves(model, is_leaf=ep.is_bijector)
+    assert sum(map(ep.is_bijector, nodes)) == 1
+    ```
+    """
+    return isinstance(x, Bijector)
+
+
+def is_node(x: Any) -> bool:
+    """A `Bijector` or `Frozen` node: where metadata and traversals stop."""
+    return isinstance(x, (Bijector, Frozen))
+
+
+def _stop_gradient(x: Any) -> Any:
+    return jax.lax.stop_gradient(x) if eqx.is_array(x) else x
+
+
+def _resolve_node(x: Any) -> Any:
+    if isinstance(x, Bijector):
+        return _transforms.forward(_resolve_inner(x.transform), _resolve_inner(x.param))
+    if isinstance(x, Frozen):
+        return jtu.tree_map(_stop_gradient, resolve(x.value))
+    return x
+
+
+def _resolve_inner(tree: Any) -> Any:
+    # A fast path for trees that cannot hold nodes; `resolve` is traced per node.
+    if eqx.is_array(tree) or isinstance(tree, _transforms.NODE_FREE):
+        return tree
+    return resolve(tree)
+
+
+def resolve(tree: PyTree) -> PyTree:
+    """Replace every `Bijector` and `Frozen` node in `tree` by its value.
+
+    A `Bijector` becomes `transform(param)`, a `Frozen` its value with
+    `jax.lax.stop_gradient`. Nodes nested inside a node's `param`, `transform` or
+    `value` resolve first (innermost first). Call it at the top of a forward
+    pass: `self = ep.resolve(self)`. After `jax.jit` it costs nothing beyond the
+    transforms themselves. Idempotent.
+
+    **Arguments:**
+
+    - `tree`: any PyTree; other nodes and leaves are returned unchanged.
+
+    **Returns:**
+
+    A PyTree of the same structure with values in place of the nodes.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    model = {"scale": ep.positive(2.0), "shift": jnp.array(1.0)}
+    values = ep.resolve(model)
+    assert jnp.allclose(values["scale"], 2.0) and values["shift"] == 1.0
+    ```
+    """
+    return jtu.tree_map(_resolve_node, tree, is_leaf=is_node)
+
+
+resolve_all_bijectors = resolve
+
+
+def trainable(tree: PyTree) -> PyTree[bool]:
+    """A filter spec: `True` exactly where an optimiser should act.
+
+    That is at the `param` of every `Bijector` and at floating-point arrays
+    outside any node; `False` inside `Frozen` nodes, at a transform's own arrays
+    (bounds, shifts, scales) and at non-float leaves. The result has the structure
+    of `tree`, so `eqx.partition(tree, ep.trainable(tree))` splits off exactly the
+    trained part: gradients, optimiser state and weight decay never reach the
+    rest. (`eqx.is_inexact_array` would let weight decay move frozen values.)
+
+    Every other float array is trained, including the arrays of a `FixedDistrax`
+    stored in the model (say a prior's `loc` and `scale`): wrap such objects in
+    `ep.frozen` to keep them fixed.
+
+    **Arguments:**
+
+    - `tree`: any PyTree.
+
+    **Returns:**
+
+    A PyTree of bools with the structure of `tree`.
+
+    **Example:**
+
+    ```python
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    model = {"x": ep.bounded(0.5, 0.0, 1.0), "noise": ep.frozen(jnp.array(0.1))}
+    params, static = eqx.partition(model, ep.trainable(model))
+    assert params["x"].param is not None and params["x"].transform.low is None
+    assert params["noise"].value is None
+    ```
+    """
+    return _trainable(tree, True)
+
+
+def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
+    def spec(x: Any) -> Any:
+        if isinstance(x, Frozen):
+            return jtu.tree_map(lambda _: False, x)
+        if isinstance(x, Bijector):
+            treedef = jtu.tree_structure(x, is_leaf=lambda y: y is not x)
+            children = [_trainable(x.param, True), _trainable(x.transform, False)]
+            return jtu.tree_unflatten(treedef, children)
+        return default and eqx.is_inexact_array(x)
+
+    return jtu.tree_map(spec, tree, is_leaf=is_node)
+
+
+def log_det_jacobian(tree: PyTree) -> Array:
+    """The sum of `log|det J|` of every `Bijector`'s forward map at its `param`.
+
+    With it, a density over the constrained values becomes one over the
+    unconstrained parameters: `log_prior(ep.resolve(m)) + ep.log_det_jacobian(m)`,
+    for MAP or MCMC in unconstrained space. Each term is taken with respect to the
+    constrained distribution's own measure (a simplex's first `n - 1`
+    coordinates, a Cholesky factor's lower triangle, ...), so a prior pushed back
+    integrates to one. A `Bijector` nested in another's `param` contributes its
+    own term (the chain rule); `Bijector`s inside `Frozen` nodes are constants and
+    contribute nothing.
+
+    **Arguments:**
+
+    - `tree`: any PyTree.
+
+    **Returns:**
+
+    A scalar array; zero if `tree` holds no `Bijector`.
+
+    **Raises:**
+
+    `TypeError` if a transform (e.g. a plain callable) has no
+    `forward_log_det_jacobian`.
+
+    **Example:**
+
+    ```python
+    import jax
+    import eqxprob as ep
+
+    scale = ep.positive(2.0)
+    expected = jax.nn.log_sigmoid(scale.param)  # softplus' = sigmoid
+    assert abs(ep.log_det_jacobian(scale) - expected) < 1e-6
+    ```
+    """
+    terms: list[Array] = []
+    _log_dets(tree, terms)
+    return sum(terms[1:], terms[0]) if terms else jnp.zeros(())
+
+
+def _log_dets(tree: PyTree, terms: list[Array]) -> None:
+    for node in jtu.tree_leaves(tree, is_leaf=is_node):
+        if isinstance(node, Bijector):  # `Frozen` nodes are constants: skipped
+            _log_dets(node.param, terms)
+            _log_dets(node.transform, terms)
+            transform, x = resolve(node.transform), resolve(node.param)
+            terms.append(jnp.sum(_transforms.log_det(transform, x, "log_det_jacobian")))
+
+
+# ------------------------------------------------------------------- shortcuts
+
+
+def positive(value: ArrayLike) -> Bijector:
+    """A positive parameter: `softplus(param)`, built from its value.
+
+    The inverse softplus is computed as `y + log(-expm1(-y))`, exact across float64
+    (1e-30 to 1e30) and float32 (1e-6 to 1e6), with finite gradients.
+
+    **Arguments:**
+
+    - `value`: the positive value(s), finite and `> 0`.
+
+    **Raises:**
+
+    `ValueError` naming the entries that are not finite and positive, or too small
+    to be represented through softplus in their dtype.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    scale = ep.positive(2.0)
+    assert abs(ep.resolve(scale) - 2.0) < 1e-6
+    ```
+    """
+    return _from_value(value, None, _constraint.positive, "ep.positive")
+
+
+def nonnegative(value: ArrayLike) -> Bijector:
+    """A non-negative parameter (zero allowed): `softplus(param)`.
+
+    Zero maps to the parameter of the dtype's smallest normal number, so it
+    resolves to (almost exactly) zero.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    jitter = ep.nonnegative(0.0)
+    assert 0 <= ep.resolve(jitter) < 1e-30
+    ```
+    """
+    return _from_value(value, None, _constraint.nonnegative, "ep.nonnegative")
+
+
+def bounded(value: ArrayLike, low: ArrayLike, high: ArrayLike) -> Bijector:
+    """A parameter in the open interval `(low, high)`: a sigmoid, then affine.
+
+    Resolves to `high·σ(param) + low·σ(-param)`. `low` and `high` become the
+    transform's own arrays, which `ep.trainable` marks as not trainable. The
+    interval is **open**: the sigmoid reaches a bound only at ±inf, so a value
+    equal to a bound is rejected. An infinite bound gives a one-sided parameter
+    (`low + softplus` or `high - softplus`).
+
+    **Arguments:**
+
+    - `value`: the value(s), strictly inside `(low, high)`.
+    - `low`, `high`: bounds with `low < high`, broadcastable with `value`.
+
+    **Raises:**
+
+    `ValueError` naming the offending entries if `low < high` fails or the value
+    is not strictly inside.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    p = ep.bounded(0.25, 0.0, 1.0)
+    assert abs(ep.resolve(p) - 0.25) < 1e-6
+    ```
+    """
+    dtype = _errors.as_float(value, "ep.bounded").dtype
+    low = _errors.as_float(low, "ep.bounded: `low`").astype(dtype)
+    high = _errors.as_float(high, "ep.bounded: `high`").astype(dtype)
+    if not (_errors.is_traced(low) or _errors.is_traced(high)):
+        low, high = np.asarray(low), np.asarray(high)
+    constraint = _constraint.interval(low, high)
+    return _from_value(value, None, constraint, "ep.bounded")
+
+
+def lower_cholesky(value: ArrayLike) -> Bijector:
+    """A lower-triangular matrix with a positive diagonal, e.g. a Cholesky factor.
+
+    **Parameter layout:** `param` is a vector of the `n(n+1)/2` lower-triangle
+    entries, row by row (`L[0,0], L[1,0], L[1,1], L[2,0], ...`), with diagonal
+    entries through the inverse softplus; a batch of matrices `(..., n, n)` gives
+    `(..., n(n+1)/2)`. So every parameter is a real degree of freedom (no ignored
+    upper triangle), as MCMC in unconstrained space needs.
+
+    **Arguments:**
+
+    - `value`: a lower-triangular `(..., n, n)` matrix with a finite, positive
+      diagonal.
+
+    **Raises:**
+
+    `ValueError` for another shape, a non-zero entry above the diagonal, or a
+    diagonal entry that is not finite and positive, naming the matrices.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    L = jnp.linalg.cholesky(jnp.array([[2.0, 0.5], [0.5, 1.0]]))
+    chol = ep.lower_cholesky(L)
+    assert chol.param.shape == (3,)
+    assert jnp.allclose(ep.resolve(chol), L, atol=1e-6)
+    ```
+    """
+    return _from_value(value, None, _constraint.lower_cholesky, "ep.lower_cholesky")
+
+
+def positive_definite(value: ArrayLike) -> Bijector:
+    """A covariance matrix: symmetric positive-definite, resolved as `L Lᵀ`.
+
+    `param` holds the `n(n+1)/2` entries of `L = cholesky(value)` as for
+    `ep.lower_cholesky`; the log-det is with respect to the matrix's lower
+    triangle (the convention of Wishart densities).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    cov = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+    node = ep.positive_definite(cov)
+    assert node.param.shape == (3,)
+    assert jnp.allclose(ep.resolve(node), cov, atol=1e-5)
+    ```
+    """
+    return _from_value(
+        value, None, _constraint.positive_definite, "ep.positive_definite"
+    )
+
+
+def corr_cholesky(value: ArrayLike) -> Bijector:
+    """The Cholesky factor of a correlation matrix (the support of an LKJ prior).
+
+    `param` holds `n(n-1)/2` reals; row `i` of the factor is `[zᵢ, 1] / ‖[zᵢ, 1]‖`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    corr = jnp.array([[1.0, 0.3], [0.3, 1.0]])
+    node = ep.corr_cholesky(jnp.linalg.cholesky(corr))
+    assert node.param.shape == (1,)
+    L = ep.resolve(node)
+    assert jnp.allclose(L @ L.T, corr, atol=1e-5)
+    ```
+    """
+    return _from_value(value, None, _constraint.corr_cholesky, "ep.corr_cholesky")
+
+
+def simplex(value: ArrayLike) -> Bijector:
+    """A probability vector: positive entries summing to 1 along the last axis.
+
+    Resolves to `softmax([param, 0])`, as `tfb.SoftmaxCentered`: `param` has one
+    entry fewer than `value`. The simplex is **open**: the softmax reaches 0 only
+    at -inf, so a zero entry is rejected.
+
+    **Arguments:**
+
+    - `value`: shape `(..., n)`, entries finite and `> 0`, summing to 1 within
+      the square root of the dtype's machine epsilon.
+
+    **Raises:**
+
+    `ValueError` naming the offending vectors.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    probs = ep.simplex(jnp.array([0.2, 0.3, 0.5]))
+    assert probs.param.shape == (2,)
+    assert jnp.allclose(ep.resolve(probs), jnp.array([0.2, 0.3, 0.5]))
+    ```
+    """
+    return _from_value(value, None, _constraint.simplex, "ep.simplex")
