@@ -550,7 +550,11 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
                 x, transform, spec.constraint, _named(label), probe=spec.probe
             )
             x = _parameter.Bijector(param, transform)
-        if spec is not None and not spec.is_trainable and eqx.is_array(x):
+        if (
+            spec is not None
+            and not spec.is_trainable
+            and (eqx.is_array(x) or _parameter.is_node(x))
+        ):
             x = _parameter.frozen(x)
         return x
 

@@ -56,6 +56,15 @@ def inverse_softplus(y: Array) -> Array:
     return _newton(jax.nn.softplus, jax.nn.sigmoid, x, y)
 
 
+def _bound_array(x: Any) -> Array:
+    """A bound as a float array in its own (canonical) dtype; tracers as they are."""
+    if isinstance(x, jax.Array):
+        return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(float)
+    x = np.asarray(x)
+    dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.float64
+    return jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(dtype))
+
+
 class Identity(eqx.Module):
     """`x ↦ x`."""
 
@@ -113,7 +122,7 @@ class SoftplusFrom(eqx.Module):
     event_ndim = 0
 
     def __init__(self, origin: Any, sign: float):
-        self.origin = jnp.asarray(origin, dtype=jnp.result_type(float))
+        self.origin = _bound_array(origin)
         self.sign = float(sign)
 
     @property
@@ -143,9 +152,7 @@ class Sigmoid(eqx.Module):
     event_ndim = 0
 
     def __init__(self, low: Any, high: Any):
-        dtype = jnp.result_type(float)
-        self.low = jnp.asarray(low, dtype=getattr(low, "dtype", dtype))
-        self.high = jnp.asarray(high, dtype=getattr(high, "dtype", dtype))
+        self.low, self.high = _bound_array(low), _bound_array(high)
 
     @property
     def name(self) -> str:

@@ -277,3 +277,168 @@ def test_training_through_constrain_matches_hand_written_gradients():
         _close(grads.scale, du, rtol=1e-5)
         _close(grads.shift, dshift, rtol=1e-5)
         raw = jtu.tree_map(lambda p, g: p - 0.1 * g, raw, grads)
+
+
+# --------------------------------------------- the one parameter system (#12)
+
+
+class Squashed(eqx.Module):
+    a: jax.Array = ep.field(bijector=distrax.Sigmoid())
+    b: jax.Array = ep.field(bijector=jax.nn.sigmoid)
+
+
+def test_raw_distrax_and_callable_bijectors_go_through_the_adapter():
+    model = Squashed(jnp.array(0.25), jnp.array(0.75))
+    raw = ep.unconstrain(model, {"b": ep.ParamSpec(bijector=tfb.Sigmoid())})
+    _close(raw.a, _logit(0.25))
+    _close(raw.b, _logit(0.75))
+    back = ep.constrain(Squashed(raw.a, raw.b))  # the callable is a forward
+    _close(back.a, 0.25)
+    _close(back.b, 0.75)
+    trees = ep.bijector_tree(model)
+    _close(trees.a.held.value.forward(0.0), 0.5)
+    with pytest.raises(TypeError, match=r"Parameter `b`.*has no `inverse`"):
+        ep.unconstrain(model)
+
+
+class Scaled(eqx.Module):
+    lengthscale: jax.Array = ep.field(constraint=C.positive, prior=GAMMA)
+    width: jax.Array = ep.field(
+        constraint=C.interval(0.1, 10.0),
+        prior=ep.FixedDistrax(distrax.Normal, jnp.array(1.0), jnp.array(2.0)),
+    )
+
+
+def test_metadata_stops_at_parameter_nodes():
+    model = Scaled(jnp.array([0.5, 1.5]), jnp.array(2.0))
+    params = ep.parameterize(model)
+    assert ep.is_bijector(params.lengthscale) and ep.is_bijector(params.width)
+    # log_prior scores the constrained values, never param or the bounds
+    expected = jnp.sum(distrax.Gamma(2.0, 1.0).log_prob(model.lengthscale))
+    expected += distrax.Normal(1.0, 2.0).log_prob(2.0)
+    _close(ep.log_prior(model), expected)
+    _close(ep.log_prior(params), expected)
+    # parameterize is idempotent; constrain/unconstrain leave nodes alone
+    assert ep.parameterize(params) == params
+    for f in (ep.constrain, ep.unconstrain):
+        _close(ep.resolve(f(params)).width, 2.0)
+        _close(ep.resolve(f(params)).lengthscale, model.lengthscale)
+    # spec trees have the model's structure, with None inside nodes
+    specs = ep.spec_tree(params)
+    assert jtu.tree_structure(specs, is_leaf=IS_SPEC) == jtu.tree_structure(params)
+    assert specs.width.param is None and specs.width.transform.low is None
+    # a node outside its field's constraint is still caught
+    bad = eqx.tree_at(lambda m: m.width, params, ep.positive(20.0))
+    with pytest.raises(ValueError, match=r"`width`.*interval"):
+        ep.unconstrain(bad)
+
+
+def test_frozen_field_freezes_a_node_once():
+    class K(eqx.Module):
+        period: jax.Array = ep.field(constraint=C.positive, trainable=False)
+
+    params = ep.parameterize(K(jnp.array(3.0)))
+    assert isinstance(params.period, ep.Frozen)
+    assert ep.is_bijector(params.period.value)
+    assert ep.parameterize(params) == params
+
+
+def test_checks_hold_under_jit():
+    model = RBF(jnp.array([0.5, -2.0]), jnp.array(1.5))
+    with pytest.raises(ValueError, match=r"`lengthscale`.*positive"):
+        ep.unconstrain(model)
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"`lengthscale`.*positive"):
+        jax.block_until_ready(eqx.filter_jit(ep.unconstrain)(model))
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"`lengthscale`.*positive"):
+        jax.block_until_ready(eqx.filter_jit(ep.parameterize)(model))
+
+
+def test_log_prior_is_minus_inf_outside_the_support():
+    class P(eqx.Module):
+        g: jax.Array = ep.field(prior=distrax.Gamma(2.0, 1.0))
+        e: jax.Array = ep.field(prior=tfp.distributions.Exponential(1e-5))
+        b: jax.Array = ep.field(prior=distrax.Beta(2.0, 2.0))
+        u: jax.Array = ep.field(prior=distrax.Uniform(0.0, 1.0))
+
+    inside = P(jnp.array(1.0), jnp.array(1.0), jnp.array(0.5), jnp.array(0.5))
+    assert np.isfinite(ep.log_prior(inside))
+    for where in (lambda m: m.g, lambda m: m.e, lambda m: m.b, lambda m: m.u):
+        outside = eqx.tree_at(where, inside, jnp.array(-1.0))
+        assert ep.log_prior(outside) == -np.inf
+        assert eqx.filter_jit(ep.log_prior)(outside) == -np.inf
+
+
+def test_log_prior_rejects_a_prior_that_would_count_a_parameter_twice():
+    class P(eqx.Module):
+        x: jax.Array = ep.field(prior=distrax.Normal(jnp.zeros(3), 1.0))
+
+    with pytest.raises(ValueError, match=r"`x`.*more than once"):
+        ep.log_prior(P(jnp.array(0.5)))
+
+    # a scalar prior over a vector parameter is iid: counted once per entry
+    class Q(eqx.Module):
+        x: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+
+    _close(ep.log_prior(Q(jnp.zeros(3))), 3 * distrax.Normal(0.0, 1.0).log_prob(0.0))
+
+
+def test_a_bijector_whose_range_leaves_its_constraint_is_an_error():
+    class P(eqx.Module):
+        p: jax.Array = ep.field(constraint=C.unit_interval, bijector=tfb.Exp())
+
+    with pytest.raises(ValueError, match=r"`p` has the bijector .*Exp.*range leaves"):
+        ep.unconstrain(P(jnp.array(0.5)))
+    with pytest.raises(ValueError, match="range leaves"):
+        ep.parameterize(P(jnp.array(0.5)))
+    with pytest.raises(ValueError, match="range leaves"):
+        ep.constrain(P(jnp.array(0.0)))
+
+
+def test_an_override_giving_only_a_prior_keeps_the_field_constraint():
+    model = RBF(jnp.array([0.5, 2.0]), jnp.array(1.5))
+    prior = ep.FixedDistrax(tfp.distributions.LogNormal, jnp.array(0.0), 1.0)
+    overrides = ep.WhereDict({"lengthscale": ep.ParamSpec(prior=prior)})
+    spec = ep.spec_tree(model, overrides).lengthscale
+    assert spec.constraint is C.positive and spec.prior is prior
+    raw = ep.unconstrain(model, overrides)
+    _close(raw.lengthscale, _inv_softplus(model.lengthscale))
+    _close(
+        ep.log_prior(model, overrides),
+        jnp.sum(tfp.distributions.LogNormal(0.0, 1.0).log_prob(model.lengthscale)),
+    )
+
+
+def test_two_overrides_of_one_node_are_an_error():
+    model = {"layers": [jnp.array(1.0), jnp.array(2.0)]}
+    overrides = ep.WhereDict(
+        {
+            lambda m: m["layers"][-1]: ep.ParamSpec(constraint=C.positive),
+            lambda m: m["layers"][1]: ep.ParamSpec(trainable=False),
+        }
+    )
+    with pytest.raises(ValueError, match=r"select the same node `\['layers'\]\[1\]`"):
+        ep.spec_tree(model, overrides)
+
+
+def test_specs_on_leaves_that_cannot_train_are_errors():
+    class IntLeaf(eqx.Module):
+        n: jax.Array = ep.field(constraint=C.positive)
+
+    with pytest.raises(TypeError, match=r"`n` .* dtype int32"):
+        ep.unconstrain(IntLeaf(jnp.array(3)))
+    with pytest.raises(TypeError, match=r"`n` .* Python float"):
+        ep.parameterize(IntLeaf(0.5))
+
+
+def test_numpyro_constraint_and_prior_in_a_field():
+    dist = pytest.importorskip("numpyro.distributions")
+
+    class P(eqx.Module):
+        s: jax.Array = ep.field(
+            constraint=dist.constraints.positive, prior=dist.Gamma(2.0, 1.0)
+        )
+
+    model = P(jnp.array([0.5, 2.0]))
+    _close(ep.unconstrain(model).s, _inv_softplus(model.s))
+    _close(ep.log_prior(model), jnp.sum(dist.Gamma(2.0, 1.0).log_prob(model.s)))
+    assert ep.log_prior(P(jnp.array([-1.0, 2.0]))) == -np.inf

@@ -5,7 +5,6 @@ References are independent of the code under test: hand-written JAX
 `slogdet`, and finite differences (`check_grads`).
 """
 
-
 import distrax
 import equinox as eqx
 import jax
@@ -745,7 +744,8 @@ BAD = {
     "bounded: above": (
         lambda: ep.bounded(1.5, 0.0, 1.0),
         ValueError,
-        r"ep.bounded: the value must lie in constraints.interval\(0.0, 1.0\), but value = 1.5",
+        r"ep.bounded: the value must lie in constraints.interval\(0.0, 1.0\), "
+        r"but value = 1.5",
     ),
     "bounded: at low (open)": (
         lambda: ep.bounded(0.0, 0.0, 1.0),
@@ -860,7 +860,9 @@ def test_bad_inputs(name):
 
 def test_traced_bad_inputs_fail_at_run_time():
     upper = jnp.array([[1.0, 2.0], [0.0, 1.0]])  # the inverse alone would pass it
-    with pytest.raises(eqx.EquinoxRuntimeError, match="must lie in constraints.lower_cholesky"):
+    with pytest.raises(
+        eqx.EquinoxRuntimeError, match="must lie in constraints.lower_cholesky"
+    ):
         eqx.filter_jit(ep.lower_cholesky)(upper)
     with pytest.raises(eqx.EquinoxRuntimeError, match="ep.positive"):
         jax.vmap(ep.positive)(jnp.array([1.0, -1.0]))
