@@ -8,7 +8,11 @@ from ._constraint import (
     default_bijector as default_bijector,
     register_bijector as register_bijector,
 )
-from ._fit import NonFiniteLossError as NonFiniteLossError, fit as fit
+from ._fit import (
+    FitState as FitState,
+    NonFiniteLossError as NonFiniteLossError,
+    fit as fit,
+)
 from ._metadata import (
     ParamSpec as ParamSpec,
     bijector_tree as bijector_tree,
@@ -67,6 +71,7 @@ __all__ = [
     "spec_tree",
     "unconstrain",
     # training
+    "FitState",
     "NonFiniteLossError",
     "fit",
     # where-functions

@@ -90,6 +90,14 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
         )
     v = _errors.host(value)
     ok = constraint.check(v) if _errors.is_traced(v) else constraint._host_check(v)
+    batch = tuple(np.shape(value))[: np.ndim(value) - constraint.event_ndim]
+    if not _broadcasts_to(np.shape(ok), batch):
+        raise TypeError(
+            f"{type(constraint).__name__}.check returned shape {np.shape(ok)} for a "
+            f"value of shape {np.shape(value)}; it must return one flag per "
+            f"{'entry' if constraint.event_ndim == 0 else 'event'}, shape {batch} "
+            f"(event_ndim = {constraint.event_ndim})."
+        )
     return _errors.check(
         value,
         ~ok,
@@ -97,6 +105,13 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
         constraint.fix,
         ("value", value),
     )
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
 
 
 # --- built-in constraints ---------------------------------------------------------
@@ -401,15 +416,14 @@ def interval(low: ArrayLike, high: ArrayLike) -> Constraint:
     An infinite scalar bound gives the one-sided constraint: `interval(0, inf)` is
     `greater_than(0)`, `interval(-inf, inf)` is `real`.
     """
-    if not (_errors.is_traced(low) or _errors.is_traced(high)):
-        lo, hi = np.asarray(low), np.asarray(high)
-        if lo.ndim == 0 and hi.ndim == 0 and lo < hi:
-            if lo == -np.inf and hi == np.inf:
-                return real
-            if hi == np.inf:
-                return GreaterThan(low)
-            if lo == -np.inf:
-                return LessThan(high)
+    lo = None if _errors.is_traced(low) else np.asarray(low)
+    hi = None if _errors.is_traced(high) else np.asarray(high)
+    if lo is not None and lo.ndim == 0 and lo == -np.inf:
+        if hi is not None and hi.ndim == 0 and hi == np.inf:
+            return real
+        return LessThan(high)
+    if hi is not None and hi.ndim == 0 and hi == np.inf:
+        return GreaterThan(low)
     return Interval(low, high)
 
 
@@ -533,6 +547,7 @@ def _from_numpyro(c: Any) -> Constraint | None:
     simple = {
         "Real": real,
         "Positive": positive,
+        "SoftplusPositive": positive,
         "Nonnegative": nonnegative,
         "UnitInterval": unit_interval,
         "Simplex": simplex,
@@ -544,6 +559,8 @@ def _from_numpyro(c: Any) -> Constraint | None:
         return simple[name]
     if name == "GreaterThan":
         return greater_than(c.lower_bound)
+    if name == "GreaterThanEq" and np.all(np.asarray(c.lower_bound) == 0):
+        return nonnegative
     if name == "LessThan":
         return less_than(c.upper_bound)
     if name in ("Interval", "OpenInterval"):

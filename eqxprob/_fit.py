@@ -1,10 +1,22 @@
-"""`fit`: train a model with gradients + optax, in chunks of `lax.scan` steps."""
+"""`fit`: train a model with gradients + optax, in compiled chunks of steps.
+
+One program serves every call with the same model structure, loss and optimiser:
+a chunk is a `lax.fori_loop` whose trip count is an argument, so neither `steps`
+nor the chunk lengths (chosen at run time so the progress bar moves about four
+times a second) compile anything new. The loss and optimiser are compared by
+structure (`_hashing.Keyed`), so a fresh but equal `lambda` or `optax.adam(...)`
+reuses the compiled program too.
+"""
 
 from __future__ import annotations
 
+import inspect
+import numbers
 import sys
+import time
+import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -14,6 +26,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from ._hashing import Keyed
 from ._parameter import trainable
 
 
@@ -52,9 +65,75 @@ class NonFiniteLossError(FloatingPointError):
         self.losses = losses
 
 
+class FitState(eqx.Module):
+    """Where a fit stopped: the optimiser state and the number of steps taken.
+
+    Returned by `ep.fit(..., return_state=True)`; pass it back as
+    `ep.fit(..., state=state)` to continue with the same optimiser state and the
+    same per-step keys, exactly as one longer run would.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import optax
+    import eqxprob as ep
+
+    loss = lambda x: jnp.sum((x - 3.0) ** 2)
+    opt = optax.adam(0.1)
+    a, _, state = ep.fit(jnp.zeros(2), loss, optimiser=opt, steps=20,
+                         progress=False, return_state=True)
+    a, _ = ep.fit(a, loss, optimiser=opt, steps=30, progress=False, state=state)
+    b, _ = ep.fit(jnp.zeros(2), loss, optimiser=opt, steps=50, progress=False)
+    assert jnp.allclose(a, b)
+    ```
+    """
+
+    opt_state: Any
+    step: int = eqx.field(static=True)
+
+
+class _Problem:
+    """The static part of a fit: loss, optimiser and how batches and keys reach
+    the loss. Hashed and compared by structure (see `_hashing`)."""
+
+    __slots__ = ("loss", "optimiser", "batch_size", "rows", "takes_key", "_k")
+
+    def __init__(self, loss_fn, optimiser, batch_size, rows, takes_key):
+        self.loss = Keyed(loss_fn)
+        self.optimiser = Keyed(optimiser)
+        self.batch_size, self.rows, self.takes_key = batch_size, rows, takes_key
+        self._k = (self.loss, self.optimiser, batch_size, rows, takes_key)
+
+    def __hash__(self) -> int:
+        return hash(self._k)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Problem) and self._k == other._k
+
+    def value(self, p: PyTree, static: PyTree, data: Any, step: Array, key: Any):
+        """The loss of step `step` at trainable parameters `p`."""
+        model = eqx.combine(p, static)
+        args: list[Any] = [model]
+        if data is not None:
+            batch = data
+            if self.batch_size is not None:
+                batch_key = jax.random.fold_in(key[0], step)
+                index = jax.random.randint(batch_key, (self.batch_size,), 0, self.rows)
+                batch = jtu.tree_map(lambda d: d[index], data)
+            args.append(batch)
+        kwargs = {"key": jax.random.fold_in(key[1], step)} if self.takes_key else {}
+        return self.loss.value(*args, **kwargs)
+
+
 def _all_finite(tree: PyTree) -> Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jtu.tree_leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+@eqx.filter_jit
+def _init(params: PyTree, optimiser: Keyed) -> PyTree:
+    return _strong(optimiser.value.init(params))
 
 
 @eqx.filter_jit
@@ -62,43 +141,40 @@ def _run_chunk(
     params: PyTree,
     opt_state: PyTree,
     static: PyTree,
-    xs: Any,
-    loss_fn: Callable,
-    optimiser: optax.GradientTransformation,
     data: Any,
-    batch_size: int | None,
-    length: int,
+    key: Any,
+    start: Array,
+    length: Array,
+    problem: _Problem,
+    capacity: int,
 ) -> tuple[PyTree, PyTree, Array, Array]:
-    """`length` optimisation steps in one `lax.scan`: params, state, losses, finite.
+    """`length` (traced, at most `capacity`) steps from global step `start`:
+    params, state, the losses (NaN past `length`) and whether all were finite.
 
-    The scanned step is exactly a hand-written one (no finiteness checks, no
-    selects), so it compiles to the same instructions. `finite` says whether every
-    loss and the final parameters are finite; it costs one check per chunk, and
-    `fit` replays a chunk that was not to find the step that broke.
+    The loop body is one hand-written step plus the loss's write into the
+    buffer; finiteness is checked once per chunk, and `fit` replays a chunk that
+    was not finite to find the step that broke.
     """
+    optimiser = problem.optimiser.value
 
-    def loss(p: PyTree, batch: Any) -> Array:
-        model = eqx.combine(p, static)
-        return loss_fn(model) if batch is None else loss_fn(model, batch)
+    def body(i: Array, carry: tuple) -> tuple:
+        p, state, losses = carry
 
-    def step(carry: tuple, key: Any) -> tuple[tuple, Array]:
-        p, state = carry
-        batch = None
-        if data is not None:
-            n = jtu.tree_leaves(data)[0].shape[0]
-            if batch_size is None or batch_size >= n:
-                batch = data
-            else:
-                index = jax.random.choice(key, n, (batch_size,), replace=False)
-                batch = jtu.tree_map(lambda d: d[index], data)
-        value, grads = jax.value_and_grad(loss)(p, batch)
-        updates, state = optimiser.update(grads, state, p)
-        return (eqx.apply_updates(p, updates), state), value
+        def loss(q: PyTree) -> Array:
+            return problem.value(q, static, data, start + i, key)
 
-    (params, opt_state), losses = jax.lax.scan(
-        step, (params, opt_state), xs, length=length
+        value, grads = jax.value_and_grad(loss)(p)
+        updates, state = optimiser.update(
+            grads, state, p, value=value, grad=grads, value_fn=loss
+        )
+        return eqx.apply_updates(p, updates), state, losses.at[i].set(value)
+
+    losses = jnp.full((capacity,), jnp.nan, jnp.result_type(float))
+    params, opt_state, losses = jax.lax.fori_loop(
+        0, length, body, (params, opt_state, losses)
     )
-    finite = jnp.all(jnp.isfinite(losses)) & _all_finite(params)
+    done = jnp.arange(capacity) < length
+    finite = jnp.all(jnp.isfinite(losses) | ~done) & _all_finite(params)
     return params, opt_state, losses, finite
 
 
@@ -111,46 +187,71 @@ def fit(
     data: PyTree | None = None,
     batch_size: int | None = None,
     key: PRNGKeyArray | None = None,
-    progress: bool | Literal["always"] = True,
-    chunk_size: int = 100,
-) -> tuple[PyTree, Array]:
+    progress: bool = True,
+    chunk_size: int = 10_000,
+    state: FitState | None = None,
+    return_state: bool = False,
+) -> tuple[PyTree, Array] | tuple[PyTree, Array, FitState]:
     """Minimise `loss_fn` over the trainable parameters of `model` with optax.
 
     The model is split with `ep.trainable`: only the unconstrained `param` of each
     `ep.Bijector` and plain float arrays reach the optimiser, so frozen values and a
     transform's own arrays (bounds) never move, weight decay included. Steps run
-    inside `lax.scan` in chunks of `chunk_size`, with the progress bar updated
-    between chunks. The scanned step is exactly what you would write by hand (it
-    compiles to the same instructions); finiteness is checked once per chunk.
+    in compiled chunks (a `lax.fori_loop`) whose lengths are chosen at run time so
+    that the progress bar moves about four times a second.
+
+    **The loss.** `loss_fn(model)`, or `loss_fn(model, batch)` with `data`; add a
+    keyword parameter named `key` (`loss_fn(model, key)`, `loss_fn(model, batch,
+    key)`) for a stochastic objective such as an ELBO: each step then gets a fresh
+    key, `jax.random.fold_in(k, step)`, reproducible from `fit`'s `key` and
+    independent of the chunk lengths. It must return a real floating-point scalar.
+
+    **Minibatches.** With `data` and `batch_size`, each step draws `batch_size`
+    rows uniformly **with replacement** (`jax.random.randint`): O(batch) per step
+    whatever the number of rows (a draw without replacement costs a permutation of
+    every row), and every row is equally likely, so a loss that scales a batch sum
+    by `rows / batch_size` is unbiased.
+
+    **Compilation.** One program per model structure (and dtype), data shapes,
+    batch size, loss and optimiser. The loss and optimiser compare by structure
+    (code, closure and global values), so a fresh but equal `lambda` or
+    `optax.adam(1e-3)` does not recompile, and neither does another `steps` or
+    `chunk_size` below the same `chunk_size`. A different `chunk_size` does (it is
+    the loss buffer's length); keep the default.
 
     **Arguments:**
 
     - `model`: any PyTree, typically an `eqx.Module` holding `ep.Bijector`s (resolve
       them inside `loss_fn` with `ep.resolve`).
-    - `loss_fn`: `loss_fn(model) -> scalar`, or `loss_fn(model, batch)` when `data`
-      is given.
-    - `optimiser`: an optax `GradientTransformation`. Pass the same object to
-      repeated calls to reuse the compiled steps.
-    - `steps`: number of optimisation steps.
-    - `data`: optional PyTree of arrays sharing a leading axis. Each step sees a
-      minibatch of `batch_size` rows drawn without replacement with `key`, or all
-      rows if `batch_size` is None.
-    - `key`: a PRNG key, required for minibatches.
-    - `progress`: `True` shows a tqdm bar (with the loss) when stdout is a
-      terminal, `"always"` shows it anyway, `False` never.
-    - `chunk_size`: steps per compiled `lax.scan` chunk.
+    - `loss_fn`: as above.
+    - `optimiser`: an optax `GradientTransformation` (called: `optax.adam(1e-2)`).
+      Optimisers that need the loss value or function (`optax.lbfgs`, line
+      searches, `optax.contrib.reduce_on_plateau`) get `value=`, `grad=` and
+      `value_fn=` (the same batch and key).
+    - `steps`: number of optimisation steps (a positive integer).
+    - `data`: optional PyTree of arrays sharing a leading (row) axis.
+    - `batch_size`: rows per step (needs `data`); `None` uses all rows.
+    - `key`: a PRNG key, for minibatches and for a loss taking `key`.
+    - `progress`: show a `tqdm.auto` bar (terminal or notebook) on stderr with the
+      loss; `False` for none.
+    - `chunk_size`: the most steps per compiled call.
+    - `state`: a `FitState` from an earlier `fit`, to continue it.
+    - `return_state`: also return the `FitState` reached.
 
     **Returns:**
 
-    `(trained_model, losses)` with `losses` of shape `(steps,)`: the loss at the
-    start of each step.
+    `(trained_model, losses)` (and the `FitState` with `return_state=True`), with
+    `losses[i]` the loss at the start of step `i`. On `KeyboardInterrupt` nothing
+    is lost: `fit` warns and returns the model and losses of the steps finished so
+    far (`len(losses) < steps`).
 
     **Raises:**
 
-    `ep.NonFiniteLossError` when a loss or gradient is not finite; it carries the
-    step, the model with its last finite parameters, and the losses so far. A
-    chunk that went non-finite is replayed one step at a time to find the step
-    (this compiles a one-step chunk, on the error path only).
+    `ep.NonFiniteLossError` when a loss or gradient is not finite (with the step,
+    the model with its last finite parameters, and the losses so far);
+    `TypeError`/`ValueError` naming the argument for a model with nothing to
+    train, a loss that does not return a real scalar, an optimiser that was not
+    called, and the like.
 
     **Example:**
 
@@ -167,50 +268,82 @@ def fit(
     assert jnp.allclose(ep.resolve(scale), data.mean(), atol=1e-3)
     ```
     """
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"fit: `steps` must be a positive int, got {steps!r}.")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(
-            f"fit: `chunk_size` must be a positive int, got {chunk_size!r}."
+    steps = _check_int("steps", steps)
+    chunk_size = _check_int("chunk_size", chunk_size)
+    _check_optimiser(optimiser)
+    if progress not in (True, False):
+        raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
+    if state is not None and not isinstance(state, FitState):
+        raise TypeError(
+            "fit: `state` must be the `FitState` returned by "
+            f"`ep.fit(..., return_state=True)`, got {type(state).__name__}."
         )
-    minibatch = data is not None and batch_size is not None
-    if minibatch:
-        n = _check_data(data)
-        if not isinstance(batch_size, int) or not 1 <= batch_size <= n:
+    takes_key = _takes_key(loss_fn)
+    rows = None
+    if data is None:
+        if batch_size is not None:
             raise ValueError(
-                f"fit: `batch_size` must be an int between 1 and the number of rows "
-                f"({n}), got {batch_size!r}."
+                "fit: `batch_size` needs `data` (a PyTree of arrays with a row axis)."
             )
-        if key is None:
-            raise ValueError(
-                "fit: minibatches need a PRNG key: pass `key=jax.random.PRNGKey(0)` "
-                "(or `batch_size=None` for full-batch training)."
-            )
-    elif data is not None:
-        _check_data(data)
+    else:
+        rows = _check_data(data)
+        if batch_size is not None:
+            batch_size = _check_int("batch_size", batch_size)
+            if batch_size > rows:
+                raise ValueError(
+                    f"fit: `batch_size` ({batch_size}) is more than the number of "
+                    f"rows in `data` ({rows})."
+                )
+            if batch_size == rows:
+                batch_size = None
+    needs_key = batch_size is not None or takes_key
+    if needs_key and key is None:
+        why = "minibatches" if batch_size is not None else "a loss taking `key`"
+        raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
+    if key is not None and not needs_key:
+        raise ValueError(
+            "fit: `key` is used only for minibatches (`data` with `batch_size`) or "
+            "by a loss with a `key` parameter; this call has neither. Drop `key`, "
+            "or add `key` to the loss's parameters."
+        )
+    keys = tuple(jax.random.split(key)) if needs_key else None
 
     params, static = eqx.partition(model, trainable(model))
     # Strong dtypes in, strong dtypes out: otherwise weakly typed inputs (e.g.
     # `jnp.array(0.0)`) compile the chunk a second time.
     params = _strong(params)
-    opt_state = _strong(optimiser.init(params))
-    batch = batch_size if minibatch else None
+    if not jtu.tree_leaves(params):
+        raise ValueError(
+            "fit: the model has nothing to train: no float arrays outside "
+            "`ep.Frozen` nodes. Python floats and ints are static (never trained): "
+            "pass `jnp.asarray(1.0)`, e.g. `ep.FixedDistrax(distrax.Normal, "
+            "jnp.asarray(0.0), jnp.asarray(1.0))`."
+        )
+    problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key)
+    _check_loss(problem, params, static, data, keys)
+    opt_state = _init(params, problem.optimiser) if state is None else state.opt_state
+    first = 0 if state is None else state.step
 
-    def run(p: PyTree, state: PyTree, xs: Any, length: int) -> tuple:
-        return _run_chunk(p, state, static, xs, loss_fn, optimiser, data, batch, length)
+    def run(p: PyTree, s: PyTree, start: int, length: int) -> tuple:
+        return _run_chunk(
+            p, s, static, data, keys, jnp.int32(start), jnp.int32(length),
+            problem, chunk_size,
+        )  # fmt: skip
 
-    keys = jax.random.split(key, steps) if minibatch else None
     bar = _progress_bar(progress, steps)
-    losses: list[Array] = []
-    done = 0
+    losses: list[np.ndarray] = []
+    done, length, target = 0, min(steps, 10, chunk_size), 0.25
     try:
         while done < steps:
-            length = min(chunk_size, steps - done)
-            xs = None if keys is None else keys[done : done + length]
-            new_params, new_state, chunk, finite = run(params, opt_state, xs, length)
+            length = min(length, steps - done)
+            began = time.perf_counter()
+            new_params, new_state, chunk, finite = run(
+                params, opt_state, first + done, length
+            )
+            chunk = np.asarray(chunk)[:length]
             if not bool(finite):
                 _raise_non_finite(
-                    run, params, opt_state, xs, chunk, done, losses, static
+                    run, params, opt_state, first + done, chunk, losses, static, first
                 )
             params, opt_state = new_params, new_state
             losses.append(chunk)
@@ -218,10 +351,89 @@ def fit(
             if bar is not None:
                 bar.update(length)
                 bar.set_postfix(loss=f"{float(chunk[-1]):.6g}")
+            per_step = (time.perf_counter() - began) / length
+            if len(losses) > 1:  # the first call also compiled
+                length = int(np.clip(target / max(per_step, 1e-9), 1, chunk_size))
+    except (KeyboardInterrupt, jax.errors.JaxRuntimeError) as e:
+        # A Ctrl-C that lands inside a host callback reaches us wrapped by XLA.
+        if not isinstance(e, KeyboardInterrupt) and "KeyboardInterrupt" not in str(e):
+            raise
+        warnings.warn(
+            f"fit: interrupted after {done} of {steps} steps; returning the model "
+            "and losses reached so far.",
+            stacklevel=2,
+        )
     finally:
         if bar is not None:
             bar.close()
-    return eqx.combine(params, static), jnp.concatenate(losses)
+    trained = eqx.combine(params, static)
+    history = np.concatenate(losses) if losses else np.zeros((0,), np.float32)
+    history = jax.device_put(history)
+    if return_state:
+        return trained, history, FitState(opt_state, first + done)
+    return trained, history
+
+
+def _check_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"fit: `{name}` must be a positive integer, got {value!r}.")
+    if value < 1:
+        raise ValueError(f"fit: `{name}` must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def _check_optimiser(optimiser: Any) -> None:
+    if isinstance(optimiser, optax.GradientTransformation):
+        return
+    if callable(optimiser) and not hasattr(optimiser, "update"):
+        name = getattr(optimiser, "__name__", repr(optimiser))
+        raise TypeError(
+            f"fit: `optimiser` is the function `{name}` itself; call it to build "
+            f"the optimiser, e.g. `optimiser=optax.{name}(1e-2)`."
+        )
+    raise TypeError(
+        "fit: `optimiser` must be an optax `GradientTransformation` (e.g. "
+        f"`optax.adam(1e-2)`), got {type(optimiser).__name__}."
+    )
+
+
+def _takes_key(loss_fn: Callable) -> bool:
+    if not callable(loss_fn):
+        raise TypeError(f"fit: `loss_fn` must be callable, got {loss_fn!r}.")
+    try:
+        parameters = inspect.signature(loss_fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "key" in parameters
+
+
+def _check_loss(problem: _Problem, params: PyTree, static: PyTree, data, keys):
+    """Trace the loss once (no compile) and check that it returns a real scalar."""
+    call = "loss_fn(model" + (", batch" if data is not None else "")
+    call += ", key=key)" if problem.takes_key else ")"
+    try:
+        out = jax.eval_shape(
+            lambda p: problem.value(p, static, data, jnp.int32(0), keys), params
+        )
+    except TypeError as e:
+        if "argument" not in str(e):
+            raise
+        raise TypeError(
+            f"fit: calling `{call}` failed: {e}. With `data`, the loss takes "
+            "`(model, batch)`; without, `(model)`; add a `key` parameter for a "
+            "fresh key per step."
+        ) from e
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        raise TypeError(
+            f"fit: `{call}` must return a scalar array, got "
+            f"{type(out).__name__} ({jtu.tree_structure(out)}). Return only the loss."
+        )
+    if out.shape != () or not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(
+            f"fit: `{call}` must return a real floating-point scalar, got shape "
+            f"{out.shape} and dtype {out.dtype}. Reduce it (e.g. `jnp.sum`) and "
+            "keep it real (`jnp.real`, `.astype(float)`)."
+        )
 
 
 def _strong(tree: PyTree) -> PyTree:
@@ -241,34 +453,35 @@ def _check_data(data: PyTree) -> int:
             f"fit: every array in `data` must have the same number of rows, got "
             f"{sorted(sizes)}."
         )
-    return sizes.pop()
+    rows = sizes.pop()
+    if rows == 0:
+        raise ValueError("fit: `data` has no rows.")
+    return rows
 
 
 def _raise_non_finite(
     run: Callable,
     params: PyTree,
     opt_state: PyTree,
-    xs: Any,
-    chunk: Array,
-    done: int,
-    losses: list[Array],
+    start: int,
+    chunk: np.ndarray,
+    losses: list[np.ndarray],
     static: PyTree,
+    first: int,
 ) -> None:
     """Replay a chunk that went non-finite one step at a time, from its start.
 
     The failing step is the first whose loss, or whose updated parameters (how a
     non-finite gradient shows), is not finite; the model raised with is the one
-    at the start of that step. Only this error path compiles a one-step chunk.
+    at the start of that step. The replay reuses the compiled chunk.
     """
-    chunk = np.asarray(chunk)
     for i in range(len(chunk)):
-        x = None if xs is None else xs[i : i + 1]
-        new_params, new_state, _, finite = run(params, opt_state, x, 1)
+        new_params, new_state, _, finite = run(params, opt_state, start + i, 1)
         if not (bool(finite) and np.isfinite(chunk[i])) or i == len(chunk) - 1:
             break
         params, opt_state = new_params, new_state
-    step = done + i
-    history = jnp.concatenate([*losses, jnp.asarray(chunk[: i + 1])])
+    step = start + i - first
+    history = jnp.asarray(np.concatenate([*losses, chunk[: i + 1]]))
     raise NonFiniteLossError(
         f"fit: the loss or its gradient is not finite at step {step} "
         f"(loss = {float(history[-1])}). Training stopped; the model with the last "
@@ -281,13 +494,9 @@ def _raise_non_finite(
     )
 
 
-def _progress_bar(progress: bool | str, steps: int) -> Any:
-    if progress is False or (progress is True and not sys.stdout.isatty()):
+def _progress_bar(progress: bool, steps: int) -> Any:
+    if not progress:
         return None
-    if progress not in (True, "always"):
-        raise ValueError(
-            f"fit: `progress` must be True, False or 'always', got {progress!r}."
-        )
     from tqdm.auto import tqdm
 
-    return tqdm(total=steps, unit="step", mininterval=0.2, file=sys.stdout)
+    return tqdm(total=steps, unit="step", mininterval=0.25, file=sys.stderr)

@@ -308,8 +308,14 @@ def _parameter_leaf(label: str, spec: ParamSpec | None, leaf: Any) -> bool:
 
 
 def _check_node(label: str, spec: ParamSpec | None, node: Any) -> None:
-    if spec is not None and spec.constraint is not None:
-        _constraint.validate(spec.constraint, _parameter.resolve(node), _named(label))
+    """A node in an annotated field: its value must lie in the constraint, and so
+    must its bijector's outputs near its parameter (training moves it)."""
+    if spec is None or spec.constraint is None:
+        return
+    _constraint.validate(spec.constraint, _parameter.resolve(node), _named(label))
+    if _parameter.is_bijector(node) and eqx.is_inexact_array(node.param):
+        transform = _parameter.resolve(node.transform)
+        _parameter.probe_range(transform, node.param, spec.constraint, _named(label))
 
 
 def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -636,7 +642,14 @@ def log_prior(model: PyTree, overrides: Any = None) -> Array:
                 f"has shape {value.shape}. Give the prior the parameter's event shape."
             )
         batch = value.shape[: value.ndim - len(event)]
-        lp = prior.log_prob(value)
+        try:
+            lp = prior.log_prob(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"The prior of `{label}` cannot score the parameter (shape "
+                f"{value.shape}): {e}. Give the prior the parameter's shape (or a "
+                "scalar one)."
+            ) from e
         if np.broadcast_shapes(lp.shape, batch) != batch:
             raise ValueError(
                 f"The prior of `{label}` gives log-densities of shape {lp.shape} for "

@@ -167,7 +167,8 @@ class Bijector(eqx.Module):
 
     **Arguments:**
 
-    - `param`: the unconstrained array (finite), or a nested node.
+    - `param`: the unconstrained array (finite), a nested node, or a PyTree of
+      those (given to the transform whole, as paramax's `Parameterize`).
     - `transform`: an `ep.FixedDistrax` bijector, a raw TFP bijector (stored as a
       `FixedDistrax`), a raw distrax bijector without arrays (e.g.
       `distrax.Sigmoid()`), a built-in bijector from `ep.default_bijector`, or a
@@ -195,8 +196,17 @@ class Bijector(eqx.Module):
 
     def __init__(self, param: Any, transform: Any):
         self.transform = _transforms.as_transform(transform, "ep.Bijector")
-        if isinstance(param, (Bijector, Frozen)) or not _is_array_like(param):
-            self.param = param
+        if not _is_array_like(param):
+            leaves = jtu.tree_leaves(param, is_leaf=is_node)
+            if not leaves or not all(eqx.is_array(x) or is_node(x) for x in leaves):
+                raise TypeError(
+                    "ep.Bijector: `param` must be an array (the unconstrained "
+                    "value), a nested `ep.Bijector`/`ep.Frozen` node, or a PyTree "
+                    f"of those, got {type(param).__name__}. Build a node from a "
+                    "constrained value with `ep.Bijector.from_value(value, "
+                    "transform)`."
+                )
+            self.param = param  # a PyTree (paramax style): its leaves stay
             return
         param = _errors.as_float(param, "ep.Bijector: `param`")
         p = _errors.host(param)
@@ -251,7 +261,9 @@ class Bijector(eqx.Module):
     def __array__(self, *args, **kwargs):
         raise TypeError(_UNRESOLVED)
 
-    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc:
+    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc | None:
+        if not eqx.is_inexact_array(self.param):  # a filter spec, say: default
+            return None
         name = _transforms.describe(self.transform)
         try:
             value = resolve(self)
@@ -279,7 +291,9 @@ _UNRESOLVED = (
 
 
 def _is_array_like(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, float, int, bool))
+    if isinstance(x, (list, tuple)):
+        return all(map(_is_array_like, x))
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, float, int))
 
 
 def _from_value(value: Any, transform: Any, constraint: Any, name: str) -> Bijector:
@@ -549,7 +563,9 @@ def nonnegative(value: ArrayLike) -> Bijector:
     """A non-negative parameter (zero allowed): `softplus(param)`.
 
     Zero maps to the parameter of the dtype's smallest normal number, so it
-    resolves to (almost exactly) zero.
+    resolves to almost zero: at most a few times that number (3.2e-38 in float32,
+    with XLA's `exp` flushing below it), not exactly 0. Values from about
+    `1e4 · tiny / eps` up round-trip to rounding.
 
     **Example:**
 
@@ -591,9 +607,17 @@ def bounded(value: ArrayLike, low: ArrayLike, high: ArrayLike) -> Bijector:
     assert abs(ep.resolve(p) - 0.25) < 1e-6
     ```
     """
-    dtype = _errors.as_float(value, "ep.bounded").dtype
-    low = _errors.as_float(low, "ep.bounded: `low`").astype(dtype)
-    high = _errors.as_float(high, "ep.bounded: `high`").astype(dtype)
+    value = _errors.as_float(value, "ep.bounded")
+    low = _errors.as_float(low, "ep.bounded: `low`").astype(value.dtype)
+    high = _errors.as_float(high, "ep.bounded: `high`").astype(value.dtype)
+    try:
+        np.broadcast_shapes(value.shape, low.shape, high.shape)
+    except ValueError:
+        raise ValueError(
+            f"ep.bounded: the value (shape {value.shape}), `low` (shape "
+            f"{low.shape}) and `high` (shape {high.shape}) must broadcast "
+            "together. Give bounds of the value's shape, or scalars."
+        ) from None
     if not (_errors.is_traced(low) or _errors.is_traced(high)):
         low, high = np.asarray(low), np.asarray(high)
     constraint = _constraint.interval(low, high)

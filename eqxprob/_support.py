@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array
 
 from . import _constraint, _errors
@@ -66,18 +67,73 @@ _RULES: dict[str, Callable[[Any, Array], Array]] = {
 }
 
 
+def _integer(v: Array) -> Array:
+    return (v >= 0) & (v == jnp.floor(v))
+
+
+def _wishart(d: Any, v: Array) -> Array:
+    if getattr(d, "input_output_cholesky", False):
+        return _constraint.lower_cholesky.check(v)
+    return _constraint.positive_definite.check(v)
+
+
+def _lkj(d: Any, v: Array) -> Array:
+    if getattr(d, "input_output_cholesky", False):
+        return _constraint.corr_cholesky.check(v)
+    tol = _errors.tolerance(v.dtype)
+    unit = jnp.all(jnp.abs(jnp.diagonal(v, axis1=-2, axis2=-1) - 1) <= tol, axis=-1)
+    return _constraint.positive_definite.check(v) & unit
+
+
+_RULES.update(
+    {
+        "WishartTriL": _wishart,
+        "LKJ": _lkj,
+        "Poisson": lambda d, v: _integer(v),
+        "Geometric": lambda d, v: _integer(v),
+        "NegativeBinomial": lambda d, v: _integer(v),
+        "Binomial": lambda d, v: _integer(v) & (v <= d.total_count),
+        "Bernoulli": lambda d, v: (v == 0) | (v == 1),
+    }
+)
+
+
 def _raw(prior: Any) -> Any:
     instantiate = getattr(type(prior), "instantiate", None)
     return prior.instantiate() if instantiate is not None else prior
 
 
+def _event_ndim(d: Any) -> int:
+    shape = d.event_shape
+    return len(shape.as_list() if hasattr(shape, "as_list") else shape)
+
+
+def _all_last(ok: Array, k: int) -> Array:
+    return jnp.all(ok, axis=tuple(range(ok.ndim - k, ok.ndim))) if k else ok
+
+
 def in_support(prior: Any, value: Array) -> Array | None:
     """Boolean array of the prior's batch shape (is each value in the support?),
     or `None` when the support is unknown (then the library's own answer
-    stands)."""
+    stands). Wrappers (`Independent`, `Sample`, transformed distributions) are
+    answered through their base distribution."""
     raw = _raw(prior)
     support = getattr(raw, "support", None)
     if support is not None and type(support).__module__.startswith("numpyro"):
         return jnp.asarray(support(value))
-    rule = _RULES.get(type(raw).__name__)
+    name = type(raw).__name__
+    value = jnp.asarray(value)
+    if name == "Independent":  # distrax and TFP
+        base = in_support(raw.distribution, value)
+        return None if base is None else _all_last(base, raw.reinterpreted_batch_ndims)
+    if name == "Sample":  # TFP
+        base = in_support(raw.distribution, value)
+        k = len(np.atleast_1d(np.asarray(raw.sample_shape)))
+        return None if base is None else _all_last(base, k)
+    if name in ("Transformed", "TransformedDistribution"):  # distrax, TFP
+        x = raw.bijector.inverse(value)
+        base = in_support(raw.distribution, x)
+        finite = _all_last(jnp.isfinite(x), _event_ndim(raw.distribution))
+        return finite if base is None else finite & base
+    rule = _RULES.get(name)
     return None if rule is None else rule(raw, value)

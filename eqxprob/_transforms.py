@@ -65,6 +65,15 @@ def _bound_array(x: Any) -> Array:
     return jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(dtype))
 
 
+def _like(bound: Array, x: Array) -> Array:
+    """`bound` in `x`'s floating dtype, so a float32 parameter stays float32 when
+    its bounds were given in float64 (a no-op when the dtypes agree)."""
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return bound
+    return bound.astype(dtype)
+
+
 class Identity(eqx.Module):
     """`x ↦ x`."""
 
@@ -134,10 +143,10 @@ class SoftplusFrom(eqx.Module):
         return xp.abs(self.origin.astype(y.dtype))
 
     def forward(self, x: Array) -> Array:
-        return self.origin + self.sign * jax.nn.softplus(x)
+        return _like(self.origin, x) + self.sign * jax.nn.softplus(x)
 
     def inverse(self, y: Array) -> Array:
-        return inverse_softplus(self.sign * (y - self.origin))
+        return inverse_softplus(self.sign * (y - _like(self.origin, y)))
 
     def forward_log_det_jacobian(self, x: Array) -> Array:
         return jax.nn.log_sigmoid(x)
@@ -162,19 +171,22 @@ class Sigmoid(eqx.Module):
         return xp.maximum(xp.abs(self.low), xp.abs(self.high)).astype(y.dtype)
 
     def forward(self, x: Array) -> Array:
-        return self.high * jax.nn.sigmoid(x) + self.low * jax.nn.sigmoid(-x)
+        low, high = _like(self.low, x), _like(self.high, x)
+        return high * jax.nn.sigmoid(x) + low * jax.nn.sigmoid(-x)
 
     def inverse(self, y: Array) -> Array:
+        low, high = _like(self.low, y), _like(self.high, y)
         # Halves: `y - low` overflows for bounds near the dtype's maximum.
-        x = jnp.log(y / 2 - self.low / 2) - jnp.log(self.high / 2 - y / 2)
+        x = jnp.log(y / 2 - low / 2) - jnp.log(high / 2 - y / 2)
         return _newton(self.forward, self._slope, x, y)
 
     def _slope(self, x: Array) -> Array:
-        width = 2 * (self.high / 2 - self.low / 2)
-        return width * jax.nn.sigmoid(x) * jax.nn.sigmoid(-x)
+        low, high = _like(self.low, x), _like(self.high, x)
+        return 2 * (high / 2 - low / 2) * jax.nn.sigmoid(x) * jax.nn.sigmoid(-x)
 
     def forward_log_det_jacobian(self, x: Array) -> Array:
-        log_width = jnp.log(self.high / 2 - self.low / 2) + np.log(2.0)
+        low, high = _like(self.low, x), _like(self.high, x)
+        log_width = jnp.log(high / 2 - low / 2) + np.log(2.0).astype(x.dtype)
         return log_width + jax.nn.log_sigmoid(x) + jax.nn.log_sigmoid(-x)
 
 
@@ -188,8 +200,8 @@ def _tril_layout(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _side(m: int, offset: int = 0) -> int:
     """`n` such that `m = n(n+1)/2` (`offset=0`) or `n(n-1)/2` (`offset=1`)."""
     k = int(np.sqrt(8 * m + 1) - 1) // 2
-    for n in (k, k + 1):
-        if (n - offset) * (n - offset + 1) // 2 == m:
+    for n in (k, k + 1, k + 2):
+        if n >= 1 and (n - offset) * (n - offset + 1) // 2 == m:
             return n
     need = "n(n+1)/2" if offset == 0 else "n(n-1)/2"
     raise ValueError(
@@ -253,7 +265,8 @@ class PositiveDefinite(eqx.Module):
         diag = jax.nn.softplus(x[..., _tril_layout(n)[2]])
         powers = (n - np.arange(n)).astype(diag.dtype)
         inner = LowerCholesky().forward_log_det_jacobian(x)
-        return inner + n * np.log(2.0) + jnp.sum(powers * jnp.log(diag), axis=-1)
+        log2n = np.asarray(n * np.log(2.0), x.dtype)
+        return inner + log2n + jnp.sum(powers * jnp.log(diag), axis=-1)
 
 
 class CorrCholesky(eqx.Module):
@@ -500,8 +513,8 @@ def event_ndim(transform: Any) -> int | None:
         return held.event_ndim
     for name in ("forward_min_event_ndims", "event_ndims_in"):  # TFP, distrax
         value = getattr(held, name, None)
-        if isinstance(value, int):
-            return value
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return int(value)
     return None
 
 
@@ -520,11 +533,30 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
         batch = x.shape[: x.ndim - ndim]
         value = jnp.broadcast_to(value, jnp.broadcast_shapes(batch, value.shape))
     held = _held(transform)
-    if isinstance(held, FixedDistrax) and held.cls is tfb.SoftmaxCentered:
+    if isinstance(held, FixedDistrax) and _holds_softmax_centered(held):
+        if held.cls is not tfb.SoftmaxCentered:
+            raise TypeError(
+                f"{owner}: the bijector {describe(transform)} contains "
+                "`tfb.SoftmaxCentered`, whose log-det TFP takes with respect to the "
+                "simplex embedded in ℝⁿ (½ log n more than a Dirichlet density's "
+                "measure). Use it on its own, or `ep.default_bijector("
+                "ep.constraints.simplex)`, whose log-det is the density correction."
+            )
         # TFP's log-det is w.r.t. the simplex embedded in ℝⁿ; Dirichlet densities
         # are w.r.t. the first n - 1 coordinates: drop TFP's ½ log n.
-        value = value - 0.5 * np.log(x.shape[-1] + 1)
+        value = value - np.asarray(0.5 * np.log(x.shape[-1] + 1), value.dtype)
     return value
+
+
+def _holds_softmax_centered(wrapper: FixedDistrax) -> bool:
+    if wrapper.cls is tfb.SoftmaxCentered:
+        return True
+    inner = jtu.tree_leaves(
+        wrapper.arguments, is_leaf=lambda x: isinstance(x, FixedDistrax)
+    )
+    return any(
+        isinstance(b, FixedDistrax) and _holds_softmax_centered(b) for b in inner
+    )
 
 
 def round_trip_error(transform: Any, value: Any, back: Any) -> Any:

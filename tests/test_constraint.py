@@ -425,3 +425,70 @@ def test_random_models_round_trip_eagerly_and_under_jit(entries, jitted):
     for k, v in values.items():
         np.testing.assert_allclose(getattr(back, k), v, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(getattr(again, k), v, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------- found by the red team, kept fixed
+
+tfb = tfp.bijectors
+
+
+def test_constant_jacobian_of_a_tfp_chain_is_broadcast_over_the_batch():
+    node = ep.Bijector(jnp.zeros(3), tfb.Chain([tfb.Scale(3.0), tfb.Shift(1.0)]))
+    np.testing.assert_allclose(ep.log_det_jacobian(node), 3 * np.log(3.0), rtol=1e-6)
+
+
+def test_softmax_centered_inside_a_composite_is_an_error_not_a_wrong_log_det():
+    x = jnp.array([0.3, -0.2])
+    alone = ep.log_det_jacobian(ep.Bijector(x, tfb.SoftmaxCentered()))
+    ours = ep.log_det_jacobian(ep.Bijector(x, ep.default_bijector(C.simplex)))
+    np.testing.assert_allclose(alone, ours, rtol=1e-6)
+    with pytest.raises(TypeError, match="contains `tfb.SoftmaxCentered`"):
+        ep.log_det_jacobian(ep.Bijector(x, tfb.Chain([tfb.SoftmaxCentered()])))
+
+
+def test_one_by_one_correlation_factor():
+    node = ep.corr_cholesky(jnp.eye(1))
+    assert node.param.shape == (0,)
+    np.testing.assert_array_equal(ep.resolve(node), [[1.0]])
+
+
+def test_an_infinite_bound_with_a_traced_other_bound():
+    grad = jax.grad(lambda low: ep.resolve(ep.bounded(0.3, low, jnp.inf)))(0.0)
+    np.testing.assert_allclose(grad, 0.0, atol=1e-6)  # the value is held at 0.3
+
+
+def test_float32_stays_float32_with_float64_bounds():
+    with jax.enable_x64(True):
+        node = ep.bounded(jnp.float32(0.3), 0.0, 1.0)
+        assert ep.resolve(node).dtype == jnp.float32
+        assert ep.log_det_jacobian(node).dtype == jnp.float32
+        node = ep.Bijector.from_value(jnp.float32(2.0), constraint=C.greater_than(1.0))
+        assert ep.resolve(node).dtype == jnp.float32
+
+
+def test_shape_errors_name_the_function():
+    with pytest.raises(ValueError, match="ep.bounded: the value .* must broadcast"):
+        ep.bounded(jnp.zeros(3) + 0.5, jnp.zeros(2), jnp.ones(2))
+
+    class Bad(C.Constraint):
+        event_ndim = 1
+
+        def check(self, value):
+            return value > 0  # one flag per entry, not per vector
+
+    with pytest.raises(TypeError, match="Bad.check returned shape"):
+        ep.Bijector.from_value(jnp.ones(3), jax.nn.softplus, constraint=Bad())
+
+
+def test_bijector_param_must_be_an_array_or_a_node():
+    with pytest.raises(TypeError, match="`param` must be an array"):
+        ep.Bijector("abc", jnp.exp)
+    np.testing.assert_allclose(
+        ep.resolve(ep.Bijector([1.0, 2.0], jnp.exp)), np.exp([1.0, 2.0]), rtol=1e-6
+    )
+
+
+def test_filter_spec_of_a_node_prints_its_bools():
+    spec = ep.trainable(ep.positive(1.5))
+    assert "True" in repr(spec) and "1.31" not in repr(spec)
+    assert repr(ep.positive(1.5)) == "Bijector(1.5, softplus)"

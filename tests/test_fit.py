@@ -1,5 +1,6 @@
 """`ep.fit` against hand-written optax loops."""
 
+import distrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -95,16 +96,10 @@ def test_frozen_values_and_bounds_do_not_move_under_weight_decay():
 
 def test_repeated_fit_with_an_equal_model_does_not_recompile():
     optimiser = optax.adam(0.05)
-    traces = []
-
-    def loss(model):
-        traces.append(None)
-        return _loss(model)
-
-    ep.fit(_model(), loss, optimiser=optimiser, steps=20, progress=False, chunk_size=10)
-    count = len(traces)
-    ep.fit(_model(), loss, optimiser=optimiser, steps=30, progress=False, chunk_size=10)
-    assert len(traces) == count
+    ep.fit(_model(), _loss, optimiser=optimiser, steps=20, progress=False)
+    with _Compilations() as c:
+        ep.fit(_model(), _loss, optimiser=optimiser, steps=30, progress=False)
+    assert c.count == 0
 
 
 def test_minibatches_are_drawn_from_the_data_with_the_key():
@@ -115,20 +110,32 @@ def test_minibatches_are_drawn_from_the_data_with_the_key():
         jax.debug.callback(lambda b: seen.append(np.asarray(b)), batch)
         return jnp.mean((batch - model) ** 2)
 
-    model, losses = ep.fit(
-        jnp.array(0.0),
-        loss,
-        optimiser=optax.sgd(0.02),
-        steps=300,
-        data=data,
-        batch_size=4,
-        key=jax.random.PRNGKey(0),
-        progress=False,
-    )
+    def run():
+        seen.clear()
+        return ep.fit(
+            jnp.array(0.0),
+            loss,
+            optimiser=optax.sgd(0.02),
+            steps=300,
+            data=data,
+            batch_size=4,
+            key=jax.random.PRNGKey(0),
+            progress=False,
+        )
+
+    model, losses = run()
+    first = [b.copy() for b in seen]
     assert losses.shape == (300,)
-    assert all(b.shape == (4,) and len(set(b.tolist())) == 4 for b in seen)
+    assert all(b.shape == (4,) for b in seen)
     assert set(np.concatenate(seen).tolist()) == set(data.tolist())
     np.testing.assert_allclose(model, data.mean(), atol=0.5)
+    # Rows are uniform with replacement: each row's share is 1/12 (300·4 draws).
+    counts = np.bincount(np.concatenate(seen).astype(int), minlength=12)
+    assert counts.min() > 60 and counts.max() < 150
+    # Reproducible from the key, whatever the chunk lengths.
+    again, _ = run()
+    assert np.array_equal(np.concatenate(first), np.concatenate(seen))
+    assert again == model
     # Full batch when `batch_size` is None: the exact mean.
     model, _ = ep.fit(
         jnp.array(0.0),
@@ -251,16 +258,264 @@ def test_an_optimiser_that_repairs_nan_gradients_trains_on():
     assert np.all(np.isfinite(losses))
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"steps": 0}, "`steps` must be a positive int"),
-        ({"steps": 5, "data": DATA, "batch_size": 3}, "need a PRNG key"),
-        ({"steps": 5, "data": DATA, "batch_size": 10, "key": 0}, "`batch_size` must"),
-        ({"steps": 5, "data": {"a": DATA, "b": DATA[:2]}}, "same number of rows"),
-        ({"steps": 5, "progress": "yes"}, "`progress` must be"),
-    ],
-)
-def test_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ep.fit(jnp.array(0.0), lambda m, *b: m**2, optimiser=optax.sgd(0.1), **kwargs)
+BAD = {
+    "zero steps": ({"steps": 0}, ValueError, "`steps` must be a positive integer"),
+    "float steps": ({"steps": 5.0}, TypeError, "`steps` must be a positive integer"),
+    "no key": (
+        {"steps": 5, "data": DATA, "batch_size": 3},
+        ValueError,
+        "need a PRNG key",
+    ),
+    "big batch": (
+        {"steps": 5, "data": DATA, "batch_size": 10, "key": jax.random.key(0)},
+        ValueError,
+        r"`batch_size` \(10\) is more than the number of rows",
+    ),
+    "ragged data": (
+        {"steps": 5, "data": {"a": DATA, "b": DATA[:2]}},
+        ValueError,
+        "same number of rows",
+    ),
+    "progress": ({"steps": 5, "progress": "yes"}, TypeError, "`progress` must be"),
+    "batch without data": (
+        {"steps": 5, "batch_size": 2},
+        ValueError,
+        "`batch_size` needs `data`",
+    ),
+    "key without use": (
+        {"steps": 5, "key": jax.random.key(0)},
+        ValueError,
+        "`key` is used only for minibatches",
+    ),
+    "uncalled optimiser": (
+        {"steps": 5, "optimiser": optax.sgd},
+        TypeError,
+        r"call it .*optax.sgd\(1e-2\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD, ids=list(BAD))
+def test_bad_arguments(name):
+    kwargs, error, match = BAD[name]
+    kwargs = {"optimiser": optax.sgd(0.1), "progress": False, **kwargs}
+    with pytest.raises(error, match=match):
+        ep.fit(jnp.array(0.0), lambda m, *b: m**2, **kwargs)
+
+
+LOSSES = {
+    "vector": (lambda m: m * jnp.ones(3), "real floating-point scalar, got shape"),
+    "integer": (lambda m: jnp.int32(1), "dtype int32"),
+    "complex": (lambda m: m * 1j, "dtype complex"),
+    "tuple": (lambda m: (m**2, m), "must return a scalar array, got tuple"),
+    "arity": (lambda: 1.0, r"calling `loss_fn\(model\)` failed"),
+}
+
+
+@pytest.mark.parametrize("name", LOSSES, ids=list(LOSSES))
+def test_bad_losses_name_loss_fn_and_say_what_it_must_return(name):
+    loss, match = LOSSES[name]
+    with pytest.raises(TypeError, match=match):
+        ep.fit(jnp.array(1.0), loss, optimiser=optax.sgd(0.1), steps=3, progress=False)
+
+
+def test_wrong_loss_arity_with_data_says_model_batch():
+    with pytest.raises(TypeError, match=r"loss_fn\(model, batch\)"):
+        ep.fit(
+            jnp.array(1.0),
+            lambda m: m**2,
+            optimiser=optax.sgd(0.1),
+            steps=3,
+            data=DATA,
+            progress=False,
+        )
+
+
+def test_nothing_to_train_is_an_error():
+    for model in (
+        {},
+        {"n": 3, "x": 1.5},
+        ep.FixedDistrax(distrax.Normal, 0.0, 1.0),
+        ep.frozen(jnp.array(1.0)),
+    ):
+        with pytest.raises(ValueError, match="nothing to train"):
+            ep.fit(
+                model,
+                lambda m: jnp.asarray(1.0),
+                optimiser=optax.sgd(0.1),
+                steps=50,
+                progress=False,
+            )
+
+
+def test_numpy_integer_steps():
+    model, losses = ep.fit(
+        jnp.array(1.0),
+        lambda m: m**2,
+        optimiser=optax.sgd(0.1),
+        steps=np.int64(7),
+        progress=False,
+    )
+    assert losses.shape == (7,)
+    np.testing.assert_allclose(model, 0.8**7, rtol=1e-6)
+
+
+class _Compilations:
+    """Counts XLA compilations (backend compiles) while active."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __enter__(self):
+        self.count = 0
+
+        def listener(event, duration, **kwargs):
+            if event == self.EVENT:
+                self.count += 1
+
+        self._listener = listener
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+def test_calls_differing_in_steps_or_with_equal_fresh_optimisers_do_not_compile():
+    def run(steps):
+        # A fresh lambda and a fresh optimiser at every call, as in a notebook.
+        return ep.fit(
+            _model(),
+            lambda m: _loss(m),
+            optimiser=optax.adam(0.05),
+            steps=steps,
+            progress=False,
+        )
+
+    run(20)
+    with _Compilations() as c:
+        for steps in (20, 37, 250, 1):
+            run(steps)
+    assert c.count == 0
+    # A different optimiser (another learning rate) does compile: the control.
+    with _Compilations() as c:
+        ep.fit(_model(), _loss, optimiser=optax.adam(0.01), steps=5, progress=False)
+    assert c.count > 0
+
+
+def test_minibatch_step_cost_does_not_grow_with_the_rows():
+    """The compiled step is the same program for 10k and 1M rows (no sort, no
+    permutation): a deterministic proxy for a flat per-step cost."""
+    from _common import count_hlo_ops
+
+    def hlo(rows):
+        data = jnp.zeros((rows, 3))
+        problem = ep._fit._Problem(
+            lambda m, b: jnp.mean((b - m) ** 2), optax.sgd(0.1), 64, rows, False
+        )
+        keys = tuple(jax.random.split(jax.random.key(0)))
+
+        def chunk(p, s, d, k, start, length):
+            return ep._fit._run_chunk(p, s, None, d, k, start, length, problem, 10)
+
+        args = (jnp.zeros(3), optax.sgd(0.1).init(jnp.zeros(3)), data, keys)
+        lowered = jax.jit(chunk).lower(*args, jnp.int32(0), jnp.int32(5))
+        return lowered.compile().as_text()
+
+    small, large = hlo(10_000), hlo(1_000_000)
+    assert "sort" not in small and "sort" not in large
+    assert count_hlo_ops(small) == count_hlo_ops(large)
+
+
+def test_stochastic_loss_gets_a_fresh_key_per_step_reproducibly():
+    seen = []
+
+    def loss(m, key):
+        noise = jax.random.normal(key)
+        jax.debug.callback(lambda k: seen.append(float(k)), noise)
+        return (m - noise) ** 2
+
+    kwargs = dict(optimiser=optax.sgd(0.01), steps=40, progress=False)
+    a, la = ep.fit(jnp.array(0.0), loss, key=jax.random.key(1), **kwargs)
+    first = list(seen)
+    seen.clear()
+    b, lb = ep.fit(jnp.array(0.0), loss, key=jax.random.key(1), chunk_size=7, **kwargs)
+    assert first == seen and a == b
+    assert len(set(first)) == 40  # a different key every step
+    # The keys are `fold_in(k, step)` of the loss's half of `split(key)`.
+    k = jax.random.split(jax.random.key(1))[1]
+    expected = [float(jax.random.normal(jax.random.fold_in(k, i))) for i in range(3)]
+    np.testing.assert_allclose(first[:3], expected, rtol=1e-6)
+
+
+def test_resuming_equals_one_long_run():
+    def loss(m, batch, key):
+        return jnp.mean((batch - m) ** 2) + 0.01 * jax.random.normal(key)
+
+    common = dict(
+        optimiser=optax.adam(0.1), data=DATA, batch_size=3, key=jax.random.key(0),
+        progress=False,
+    )  # fmt: skip
+    m1, l1, state = ep.fit(jnp.array(0.0), loss, steps=25, return_state=True, **common)
+    m2, l2 = ep.fit(m1, loss, steps=35, state=state, **common)
+    whole, lw = ep.fit(jnp.array(0.0), loss, steps=60, **common)
+    np.testing.assert_allclose(m2, whole, rtol=1e-6)
+    np.testing.assert_allclose(jnp.concatenate([l1, l2]), lw, rtol=1e-6)
+
+
+def test_lbfgs_reaches_the_optimum_of_a_quadratic_like_scipy():
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    a = jnp.array([[3.0, 0.5], [0.5, 1.0]])
+    b = jnp.array([1.0, -2.0])
+
+    def loss(x):
+        return 0.5 * x @ a @ x - b @ x + jnp.sum(jnp.cosh(0.3 * x))
+
+    x, losses = ep.fit(
+        jnp.zeros(2), loss, optimiser=optax.lbfgs(), steps=30, progress=False
+    )
+    ref = scipy_optimize.minimize(
+        lambda v: float(loss(jnp.asarray(v, jnp.float32))),
+        np.zeros(2),
+        jac=lambda v: np.asarray(jax.grad(loss)(jnp.asarray(v, jnp.float32))),
+        method="BFGS",
+    )
+    np.testing.assert_allclose(x, ref.x, atol=1e-4)
+    # reduce_on_plateau needs the value too
+    ep.fit(
+        jnp.zeros(2),
+        loss,
+        optimiser=optax.chain(optax.adam(0.1), optax.contrib.reduce_on_plateau()),
+        steps=10,
+        progress=False,
+    )
+
+
+def test_keyboard_interrupt_returns_the_work_done():
+    import _thread
+    import threading
+
+    big = jnp.linspace(0.0, 1.0, 200_000)
+
+    def loss(m):  # about a millisecond per step, and no host callback
+        return (m - 1.0) ** 2 + 0.0 * jnp.sum(jnp.sin(m * big) ** 2)
+
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.warns(UserWarning, match="interrupted after"):
+            model, losses = ep.fit(
+                jnp.array(0.0), loss, optimiser=optax.sgd(0.01), steps=100_000,
+                progress=False,
+            )  # fmt: skip
+    finally:
+        timer.cancel()
+    assert 0 < len(losses) < 100_000
+    # the returned model is exactly `len(losses)` steps of gradient descent
+    np.testing.assert_allclose(model, 1 - 0.98 ** len(losses), rtol=1e-4)
+
+
+def test_progress_bar_goes_to_stderr_with_the_loss(capsys):
+    ep.fit(jnp.array(1.0), lambda m: m**2, optimiser=optax.sgd(0.1), steps=20)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "20/20" in captured.err and "loss=" in captured.err

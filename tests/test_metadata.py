@@ -442,3 +442,49 @@ def test_numpyro_constraint_and_prior_in_a_field():
     _close(ep.unconstrain(model).s, _inv_softplus(model.s))
     _close(ep.log_prior(model), jnp.sum(dist.Gamma(2.0, 1.0).log_prob(model.s)))
     assert ep.log_prior(P(jnp.array([-1.0, 2.0]))) == -np.inf
+
+
+def test_log_prior_support_through_wrappers_and_special_supports():
+    class M(eqx.Module):
+        x: jax.Array
+
+    def score(prior, value):
+        overrides = {lambda m: m.x: ep.ParamSpec(prior=prior)}
+        return ep.log_prior(M(jnp.asarray(value)), overrides)
+
+    tfd = tfp.distributions
+    gamma2 = distrax.Independent(distrax.Gamma(2 * jnp.ones(2), jnp.ones(2)), 1)
+    cases = [
+        (gamma2, [-1.0, 1.0], [1.0, 1.0]),
+        (tfd.Sample(tfd.Exponential(1.0), 2), [-1.0, 1.0], [1.0, 1.0]),
+        (tfd.TransformedDistribution(tfd.Normal(0.0, 1.0), tfb.Exp()), -1.0, 1.0),
+        (distrax.Transformed(distrax.Normal(0.0, 1.0), distrax.Sigmoid()), 1.5, 0.5),
+        (tfd.WishartTriL(4.0, jnp.eye(2)), -jnp.eye(2), jnp.eye(2)),
+        (tfd.LKJ(3, 2.0), 2 * jnp.eye(3), jnp.eye(3)),
+        (tfd.Poisson(1.0), 1.5, 1.0),
+    ]
+    for prior, outside, inside in cases:
+        assert score(prior, outside) == -np.inf, prior
+        expected = jnp.sum(prior.log_prob(jnp.asarray(inside)))
+        _close(score(prior, inside), expected)
+
+
+def test_a_node_whose_bijector_leaves_an_override_constraint_is_an_error():
+    class K(eqx.Module):
+        ls: jax.Array = ep.field(constraint=C.positive)
+
+    params = ep.parameterize(K(jnp.array(1.5)))
+    overrides = {lambda m: m.ls: ep.ParamSpec(constraint=C.interval(0.0, 2.0))}
+    with pytest.raises(ValueError, match=r"`ls` has the bijector softplus"):
+        ep.parameterize(params, overrides)
+    # a frozen node is never moved: only its value is checked
+    frozen = eqx.tree_at(lambda m: m.ls, params, ep.frozen(params.ls))
+    assert ep.parameterize(frozen, overrides) == frozen
+
+
+def test_a_prior_that_cannot_score_the_parameter_names_it():
+    class M(eqx.Module):
+        x: jax.Array = ep.field(prior=tfp.distributions.Normal(jnp.zeros(2), 1.0))
+
+    with pytest.raises(ValueError, match=r"prior of `x` cannot score"):
+        ep.log_prior(M(jnp.zeros(3)))
