@@ -42,6 +42,7 @@ from ._parameter import (
     trainable as trainable,
 )
 from ._state import UpdateOnEvent as UpdateOnEvent
+from ._variational import Guide as Guide, elbo as elbo, guide as guide
 from ._where import (
     WhereDict as WhereDict,
     tree_at_all as tree_at_all,
@@ -74,6 +75,10 @@ __all__ = [
     "FitState",
     "NonFiniteLossError",
     "fit",
+    # variational inference
+    "Guide",
+    "elbo",
+    "guide",
     # where-functions
     "WhereDict",
     "tree_at_all",

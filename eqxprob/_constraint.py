@@ -91,7 +91,7 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
     v = _errors.host(value)
     ok = constraint.check(v) if _errors.is_traced(v) else constraint._host_check(v)
     batch = tuple(np.shape(value))[: np.ndim(value) - constraint.event_ndim]
-    if not _broadcasts_to(np.shape(ok), batch):
+    if not _errors.broadcasts_to(np.shape(ok), batch):
         raise TypeError(
             f"{type(constraint).__name__}.check returned shape {np.shape(ok)} for a "
             f"value of shape {np.shape(value)}; it must return one flag per "
@@ -105,13 +105,6 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
         constraint.fix,
         ("value", value),
     )
-
-
-def _broadcasts_to(shape: tuple, target: tuple) -> bool:
-    try:
-        return np.broadcast_shapes(shape, target) == target
-    except ValueError:
-        return False
 
 
 # --- built-in constraints ---------------------------------------------------------

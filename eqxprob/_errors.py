@@ -104,6 +104,14 @@ def as_float(x: ArrayLike, name: str) -> Array:
     return jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(x.dtype))
 
 
+def broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether an array of `shape` broadcasts to `target` without growing it."""
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
+
+
 def tolerance(dtype: Any) -> float:
     """The one tolerance of every constraint check in `dtype`: √eps (3.5e-4 in
     float32, 1.5e-8 in float64), for sums, symmetry and unit norms."""

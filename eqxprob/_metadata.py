@@ -24,7 +24,6 @@ from typing import Any
 import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 from jaxtyping import Array, PyTree
 
 from . import _constraint, _errors, _parameter, _support, _transforms
@@ -190,7 +189,7 @@ def _is_spec(x: Any) -> bool:
     return x is None or isinstance(x, ParamSpec)
 
 
-def _label(path: tuple) -> str:
+def label_of(path: tuple) -> str:
     return jtu.keystr(path).lstrip(".") or "(root)"
 
 
@@ -222,6 +221,14 @@ def _metadata_spec(model: Any, path: tuple) -> ParamSpec | None:
     return spec
 
 
+def hashable_overrides(overrides: Any) -> tuple:
+    """`overrides` as a tuple of `(label, spec)` pairs: a static value (specs
+    hash by identity) that every registry function accepts."""
+    if not isinstance(overrides, WhereDict):
+        overrides = WhereDict(overrides)
+    return tuple(overrides.items())
+
+
 def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]:
     if overrides is None:
         return []
@@ -239,7 +246,7 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
         if path in found:
             raise ValueError(
                 f"overrides[{label!r}] and overrides[{found[path][0]!r}] select the "
-                f"same node `{_label(path)}`. Give it one entry."
+                f"same node `{label_of(path)}`. Give it one entry."
             )
         found[path] = (label, spec)
     # Deeper overrides are more specific: merge them last.
@@ -248,7 +255,7 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
     )
 
 
-def _entries(model: Any, overrides: Any) -> tuple[list, Any]:
+def entries(model: Any, overrides: Any) -> tuple[list, Any]:
     """`(path, spec, item)` for every leaf or parameter node of `model` (one
     flatten, nodes as single items), and the treedef."""
     items, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
@@ -264,13 +271,13 @@ def _entries(model: Any, overrides: Any) -> tuple[list, Any]:
 def _map(model: Any, overrides: Any, fn: Callable, inside: Callable) -> PyTree:
     """`fn(label, spec, leaf)` at every leaf, `inside(node)` at every parameter
     node (as a tree of the node's structure), rebuilt with `model`'s structure."""
-    entries, treedef = _entries(model, overrides)
+    items, treedef = entries(model, overrides)
     out = []
-    for path, spec, item in entries:
+    for path, spec, item in items:
         if _parameter.is_node(item):
-            out.append(inside(_label(path), spec, item))
+            out.append(inside(label_of(path), spec, item))
         else:
-            out.append(fn(_label(path), spec, item))
+            out.append(fn(label_of(path), spec, item))
     return jtu.tree_unflatten(treedef, out)
 
 
@@ -282,7 +289,7 @@ def _none_inside(label: str, spec: Any, node: Any) -> Any:
     return jtu.tree_map(lambda _: None, node)
 
 
-def _parameter_leaf(label: str, spec: ParamSpec | None, leaf: Any) -> bool:
+def is_parameter_leaf(label: str, spec: ParamSpec | None, leaf: Any) -> bool:
     """Whether `spec` reparameterises `leaf`; a `TypeError` for a spec on a leaf
     that cannot carry it (an integer array, a Python number)."""
     if spec is None or not spec.annotated:
@@ -384,7 +391,7 @@ def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
     identity = _transforms.Identity()
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        return spec.transform() if _parameter_leaf(label, spec, x) else identity
+        return spec.transform() if is_parameter_leaf(label, spec, x) else identity
 
     inside = lambda label, spec, node: jtu.tree_map(lambda _: identity, node)  # noqa: E731
     return _map(model, overrides, leaf, inside)
@@ -465,7 +472,7 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
     """
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        if not _parameter_leaf(label, spec, x):
+        if not is_parameter_leaf(label, spec, x):
             return x
         return _parameter.to_unconstrained(
             x, spec.transform(), spec.constraint, _named(label), probe=spec.probe
@@ -507,7 +514,7 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
     """
 
     def leaf(label: str, spec: ParamSpec | None, u: Any) -> Any:
-        if not _parameter_leaf(label, spec, u):
+        if not is_parameter_leaf(label, spec, u):
             return u
         transform = spec.transform()
         if spec.probe:
@@ -550,7 +557,7 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
     """
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        if _parameter_leaf(label, spec, x):
+        if is_parameter_leaf(label, spec, x):
             transform = spec.transform()
             param = _parameter.to_unconstrained(
                 x, transform, spec.constraint, _named(label), probe=spec.probe
@@ -626,39 +633,44 @@ def log_prior(model: PyTree, overrides: Any = None) -> Array:
     parameter's (a scalar parameter under a prior of batch shape `(3,)` would be
     counted three times).
     """
-    entries, _ = _entries(model, overrides)
+    entries_, _ = entries(model, overrides)
     total = jnp.zeros(())
-    for path, spec, item in entries:
+    for path, spec, item in entries_:
         if spec is None or spec.prior is None:
             continue
-        label = _label(path)
         value = _parameter.resolve(item) if _parameter.is_node(item) else item
-        value = jnp.asarray(value)
-        prior = spec.prior
-        event = _shape(prior.event_shape)
-        if value.ndim < len(event) or value.shape[value.ndim - len(event) :] != event:
-            raise ValueError(
-                f"The prior of `{label}` has event shape {event}, but the parameter "
-                f"has shape {value.shape}. Give the prior the parameter's event shape."
-            )
-        batch = value.shape[: value.ndim - len(event)]
-        try:
-            lp = prior.log_prob(value)
-        except (TypeError, ValueError) as e:
-            raise ValueError(
-                f"The prior of `{label}` cannot score the parameter (shape "
-                f"{value.shape}): {e}. Give the prior the parameter's shape (or a "
-                "scalar one)."
-            ) from e
-        if np.broadcast_shapes(lp.shape, batch) != batch:
-            raise ValueError(
-                f"The prior of `{label}` gives log-densities of shape {lp.shape} for "
-                f"a parameter of batch shape {batch}, so it would count the "
-                "parameter more than once. Give the prior the parameter's shape (or "
-                "a scalar one)."
-            )
-        ok = _support.in_support(prior, value)
-        if ok is not None:
-            lp = jnp.where(ok, lp, -jnp.inf)
-        total = total + jnp.sum(lp)
+        total = total + score_prior(label_of(path), spec.prior, value)
     return total
+
+
+def score_prior(label: str, prior: Any, value: Any) -> Array:
+    """`sum(prior.log_prob(value))`, `-inf` outside the prior's support, after
+    checking that the prior's shapes fit the parameter's (it must not count an
+    entry twice)."""
+    value = jnp.asarray(value)
+    event = _shape(prior.event_shape)
+    if value.ndim < len(event) or value.shape[value.ndim - len(event) :] != event:
+        raise ValueError(
+            f"The prior of `{label}` has event shape {event}, but the parameter "
+            f"has shape {value.shape}. Give the prior the parameter's event shape."
+        )
+    batch = value.shape[: value.ndim - len(event)]
+    try:
+        lp = prior.log_prob(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"The prior of `{label}` cannot score the parameter (shape "
+            f"{value.shape}): {e}. Give the prior the parameter's shape (or a "
+            "scalar one)."
+        ) from e
+    if not _errors.broadcasts_to(jnp.shape(lp), batch):
+        raise ValueError(
+            f"The prior of `{label}` gives log-densities of shape {lp.shape} for "
+            f"a parameter of batch shape {batch}, so it would count the "
+            "parameter more than once. Give the prior the parameter's shape (or "
+            "a scalar one)."
+        )
+    ok = _support.in_support(prior, value)
+    if ok is not None:
+        lp = jnp.where(ok, lp, -jnp.inf)
+    return jnp.sum(lp)

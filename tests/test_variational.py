@@ -1,0 +1,318 @@
+"""Guides and the ELBO against independent references: closed-form ELBOs and
+posteriors of conjugate Gaussian models, hand-written Monte Carlo, numpyro's
+`AutoNormal` + `Trace_ELBO`."""
+
+import distrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import eqxprob as ep
+
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(20, 2))
+THETA = np.array([0.7, -1.2])
+SIGMA, TAU = 0.5, 2.0
+Y = X @ THETA + SIGMA * RNG.normal(size=20)
+
+
+class Regression(eqx.Module):
+    w: jax.Array = ep.field(prior=distrax.Normal(0.0, TAU))
+
+
+def _loglik(x, y):
+    return lambda m: jnp.sum(distrax.Normal(x @ m.w, SIGMA).log_prob(y))
+
+
+def _posterior():
+    prec = X.T @ X / SIGMA**2 + np.eye(2) / TAU**2
+    cov = np.linalg.inv(prec)
+    return cov @ X.T @ Y / SIGMA**2, cov
+
+
+def _exact_elbo(m, s_cov, x, y, scale=1.0):
+    """E_q[log N(y; x w, σ²)]·scale − KL(N(m, S) || N(0, τ² I)), in closed form."""
+    n, d = x.shape
+    resid = y - x @ m
+    ell = -0.5 * n * np.log(2 * np.pi * SIGMA**2) - (
+        resid @ resid + np.trace(x @ s_cov @ x.T)
+    ) / (2 * SIGMA**2)
+    kl = 0.5 * (
+        np.trace(s_cov) / TAU**2
+        + m @ m / TAU**2
+        - d
+        + d * np.log(TAU**2)
+        - np.linalg.slogdet(s_cov)[1]
+    )
+    return scale * ell - kl
+
+
+def _cov(q):
+    scale = ep.resolve(q.scale)
+    if q.family == "mean_field":
+        return np.diag(np.asarray(scale) ** 2)
+    if q.family == "full_rank":
+        return np.asarray(scale @ scale.T)
+    diag, u, v = scale
+    s = jnp.diag(diag) + u @ v.T
+    return np.asarray(s @ s.T)
+
+
+@pytest.mark.parametrize("family", ["mean_field", "full_rank", "low_rank"])
+def test_elbo_estimates_the_closed_form_elbo(family):
+    with jax.enable_x64(True):
+        q = ep.guide(Regression(jnp.array([0.3, -0.5])), family, init_scale=0.3)
+        q = eqx.tree_at(lambda g: g.loc, q, jnp.array([0.5, -1.0]))
+        for analytic in (True, False):
+            estimate = ep.elbo(
+                q,
+                _loglik(X, Y),
+                jax.random.key(0),
+                num_samples=20_000,
+                analytic=analytic,
+            )
+            exact = _exact_elbo(np.asarray(q.loc), _cov(q), X, Y)
+            np.testing.assert_allclose(estimate, exact, rtol=2e-3)
+
+
+def test_minibatch_elbo_is_unbiased_for_the_full_data_elbo():
+    with jax.enable_x64(True):
+        q = ep.guide(Regression(jnp.array([0.5, -1.0])), "full_rank", init_scale=0.2)
+        n, b = X.shape[0], 5
+
+        @jax.jit
+        def minibatch(key):
+            rows_key, sample_key = jax.random.split(key)
+            rows = jax.random.randint(rows_key, (b,), 0, n)  # as `ep.fit` draws
+            ll = _loglik(jnp.asarray(X)[rows], jnp.asarray(Y)[rows])
+            return ep.elbo(q, ll, sample_key, likelihood_scale=n / b)
+
+        values = jax.vmap(minibatch)(jax.random.split(jax.random.key(1), 20_000))
+        exact = _exact_elbo(np.asarray(q.loc), _cov(q), X, Y)
+        se = np.std(values) / np.sqrt(values.size)
+        assert abs(np.mean(values) - exact) < 4 * se
+        assert se < 0.05 * abs(exact)  # the check is sharp enough to fail
+
+
+def test_full_rank_optimum_is_the_exact_posterior():
+    """Conjugate model: adam, then SGD with many samples to quiet the noise."""
+    with jax.enable_x64(True):
+
+        def loss(samples):
+            def f(q, key):
+                return -ep.elbo(q, _loglik(X, Y), key, num_samples=samples)
+
+            return f
+
+        q = ep.guide(Regression(jnp.zeros(2)), "full_rank")
+        schedule = optax.exponential_decay(0.05, 3000, 0.01)
+        common = dict(progress=False, key=jax.random.key(0))
+        q, _ = ep.fit(q, loss(16), optimiser=optax.adam(schedule), steps=3000, **common)
+        schedule = optax.exponential_decay(2e-3, 3000, 0.05)
+        q, _ = ep.fit(
+            q, loss(2048), optimiser=optax.sgd(schedule), steps=3000, **common
+        )
+        mean, cov = _posterior()
+        np.testing.assert_allclose(q.loc, mean, atol=1e-3)
+        np.testing.assert_allclose(_cov(q), cov, atol=1e-3)
+        np.testing.assert_allclose(q.mean().w, mean, atol=1e-3)
+
+
+class Rate(eqx.Module):
+    rate: jax.Array = ep.field(
+        constraint=ep.constraints.positive, prior=distrax.Gamma(3.0, 2.0)
+    )
+    offset: jax.Array  # no prior: a point estimate
+    period: jax.Array = ep.field(
+        constraint=ep.constraints.positive,
+        trainable=False,
+        prior=distrax.Gamma(2.0, 1.0),
+    )
+
+
+def test_constrained_parameters_sample_with_the_model_structure():
+    model = Rate(jnp.array([1.5, 0.5]), jnp.array(0.3), jnp.array(2.0))
+    q = ep.guide(model, init_scale=0.5)
+    assert q.loc.shape == (2,)  # only `rate` is random
+    draws = q.sample(jax.random.key(0), 500)
+    assert draws.rate.shape == (500, 2) and bool(jnp.all(draws.rate > 0))
+    assert draws.offset.shape == (500,) and bool(jnp.all(draws.offset == 0.3))
+    assert bool(jnp.all(draws.period == 2.0))
+    # Each draw is softplus of a Gaussian: compare with hand-written quantiles.
+    u = jax.random.normal(jax.random.key(1), (200_000, 2)) * 0.5 + q.loc
+    np.testing.assert_allclose(
+        np.median(draws.rate, 0), np.median(jax.nn.softplus(u), 0), rtol=0.1
+    )
+    np.testing.assert_allclose(q.mean().rate, model.rate, rtol=1e-6)
+    # log_prob is the Gaussian density of the unconstrained values
+    expected = distrax.MultivariateNormalDiag(q.loc, jnp.full(2, 0.5)).log_prob(
+        q.loc + 0.1
+    )
+    shifted = eqx.tree_at(lambda m: m.rate, model, jax.nn.softplus(q.loc + 0.1))
+    np.testing.assert_allclose(q.log_prob(shifted), expected, rtol=1e-5)
+
+
+def test_elbo_with_a_constrained_parameter_matches_hand_written_monte_carlo():
+    """log p(data | θ) + log Gamma(θ) + log sigmoid(u) + H[q], θ = softplus(u)."""
+    data = jnp.array([0.5, 1.0, 2.0, 0.7])
+    model = Rate(jnp.array([1.5, 0.5]), jnp.array(0.0), jnp.array(2.0))
+    q = ep.guide(model, init_scale=0.4)
+
+    def loglik(m):
+        return jnp.sum(distrax.Gamma(1.0, m.rate[0]).log_prob(data))  # Exponential
+
+    ours = ep.elbo(q, loglik, jax.random.key(0), num_samples=100_000)
+    u = q.loc + 0.4 * jax.random.normal(jax.random.key(5), (100_000, 2))
+    theta = jax.nn.softplus(u)
+    joint = (
+        jnp.sum(distrax.Gamma(1.0, theta[:, :1]).log_prob(data), -1)
+        + jnp.sum(distrax.Gamma(3.0, 2.0).log_prob(theta), -1)
+        + jnp.sum(jax.nn.log_sigmoid(u), -1)
+    )
+    entropy = 2 * (0.5 * np.log(2 * np.pi * np.e) + np.log(0.4))
+    se = np.std(joint) / np.sqrt(joint.size)
+    assert abs(ours - (np.mean(joint) + entropy)) < 6 * se
+
+
+def test_point_estimates_train_and_frozen_values_stay():
+    data = jnp.array([0.5, 1.0, 2.0, 0.7])
+    model = Rate(jnp.array([1.0, 1.0]), jnp.array(0.0), jnp.array(2.0))
+
+    def loss(q, key):
+        def loglik(m):
+            return jnp.sum(distrax.Normal(m.offset, 1.0).log_prob(data))
+
+        return -ep.elbo(q, loglik, key)
+
+    q, _ = ep.fit(
+        ep.guide(model),
+        loss,
+        optimiser=optax.adam(0.05),
+        steps=400,
+        key=jax.random.key(0),
+        progress=False,
+    )
+    np.testing.assert_allclose(q.mean().offset, data.mean(), atol=0.02)
+    assert q.mean().period == 2.0
+
+
+def test_mean_field_elbo_matches_numpyro_autonormal():
+    numpyro = pytest.importorskip("numpyro")
+    dist = numpyro.distributions
+    from numpyro.infer import SVI, Trace_ELBO
+    from numpyro.infer.autoguide import AutoNormal
+
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(60, 3)))
+    y = jnp.asarray((x @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=60)) > 0, float)
+
+    def np_model():
+        w = numpyro.sample("w", dist.Normal(jnp.zeros(3), 1.0).to_event(1))
+        numpyro.sample("y", dist.Bernoulli(logits=x @ w), obs=y)
+
+    class Logistic(eqx.Module):
+        w: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+
+    def loglik(m):
+        return jnp.sum(distrax.Bernoulli(logits=x @ m.w).log_prob(y))
+
+    # Same value at the same parameters (within Monte Carlo error)
+    loc, scale = jnp.array([0.5, -1.0, 0.2]), jnp.array([0.3, 0.4, 0.5])
+    q = ep.guide(Logistic(loc))
+    q = eqx.tree_at(lambda g: g.scale, q, ep.positive(scale))
+    ours = ep.elbo(q, loglik, jax.random.key(0), num_samples=50_000)
+    auto = AutoNormal(np_model)
+    params = {"w_auto_loc": loc, "w_auto_scale": scale}
+    theirs = -Trace_ELBO(num_particles=50_000).loss(
+        jax.random.key(1), params, np_model, auto
+    )
+    np.testing.assert_allclose(ours, theirs, atol=0.05)
+
+    # Same optimum (within Monte Carlo error)
+    svi = SVI(
+        np_model, AutoNormal(np_model, init_scale=0.1), optax.adam(0.02), Trace_ELBO(8)
+    )
+    result = svi.run(jax.random.key(2), 3000, progress_bar=False)
+    np_loc = result.params["w_auto_loc"]
+    np_scale = result.params["w_auto_scale"]
+
+    def loss(q, key):
+        return -ep.elbo(q, loglik, key, num_samples=8)
+
+    q, _ = ep.fit(
+        ep.guide(Logistic(jnp.zeros(3))),
+        loss,
+        optimiser=optax.adam(0.02),
+        steps=3000,
+        key=jax.random.key(3),
+        progress=False,
+    )
+    np.testing.assert_allclose(q.loc, np_loc, atol=0.1)
+    np.testing.assert_allclose(ep.resolve(q.scale), np_scale, atol=0.05)
+
+
+def test_guides_jit_and_serialise(tmp_path):
+    with jax.enable_x64(True):
+        q = ep.guide(Regression(jnp.array([0.3, -0.5])), "low_rank")
+        f = eqx.filter_jit(lambda g, k: ep.elbo(g, _loglik(X, Y), k))
+        a = f(q, jax.random.key(0))
+        b = ep.elbo(q, _loglik(X, Y), jax.random.key(0))
+        np.testing.assert_allclose(a, b, rtol=1e-10)
+        eqx.tree_serialise_leaves(tmp_path / "q.eqx", q)
+        skeleton = ep.guide(Regression(jnp.zeros(2)), "low_rank")
+        loaded = eqx.tree_deserialise_leaves(tmp_path / "q.eqx", skeleton)
+        np.testing.assert_array_equal(loaded.loc, q.loc)
+
+
+BAD = {
+    "no prior": (
+        lambda: ep.guide({"a": jnp.ones(2)}),
+        ValueError,
+        "no parameter of the model has a prior",
+    ),
+    "family": (
+        lambda: ep.guide(Regression(jnp.zeros(2)), "diagonal"),
+        TypeError,
+        "`family` must be",
+    ),
+    "scale": (
+        lambda: ep.guide(Regression(jnp.zeros(2)), init_scale=0.0),
+        ValueError,
+        "`init_scale` must be > 0",
+    ),
+    "not a guide": (
+        lambda: ep.elbo(Regression(jnp.zeros(2)), _loglik(X, Y), jax.random.key(0)),
+        TypeError,
+        "must come from `ep.guide`",
+    ),
+    "samples": (
+        lambda: ep.elbo(
+            ep.guide(Regression(jnp.zeros(2))),
+            _loglik(X, Y),
+            jax.random.key(0),
+            num_samples=0,
+        ),
+        ValueError,
+        "`num_samples` must be >= 1",
+    ),  # fmt: skip
+    "vector likelihood": (
+        lambda: ep.elbo(
+            ep.guide(Regression(jnp.zeros(2))),
+            lambda m: distrax.Normal(jnp.ones((5, 2)) @ m.w, 1.0).log_prob(0.0),
+            jax.random.key(0),
+        ),
+        TypeError,
+        "must return a scalar",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD, ids=list(BAD))
+def test_bad_inputs(name):
+    make, error, match = BAD[name]
+    with jax.enable_x64(True), pytest.raises(error, match=match):
+        make()
