@@ -124,7 +124,9 @@ DISTRAX: dict[str, Case] = {
     ),
     "Dirichlet": _dist(lambda p, W: W(distrax.Dirichlet, p["c"]), c=_vec(3, 1.5)),
     "EpsilonGreedy": _dist(
-        lambda p, W: W(distrax.EpsilonGreedy, p["q"], 0.1), q=a(0.1, 0.7, 0.3)
+        lambda p, W: W(distrax.EpsilonGreedy, p["q"], p["e"]),
+        q=a(0.1, 0.7, 0.3),
+        e=a(0.1),
     ),
     "Gamma": _dist(
         lambda p, W: W(distrax.Gamma, p["c"], p["r"]), c=_vec(3, 1.5), r=_vec(3, 1.0)
@@ -271,7 +273,9 @@ DISTRAX: dict[str, Case] = {
     "Shift": _bij(lambda p, W: W(distrax.Shift, p["s"]), s=_vec()),
     "Sigmoid": _bij(lambda p, W: W(distrax.Sigmoid)),
     "Softmax": _dist(
-        lambda p, W: W(distrax.Softmax, p["l"], temperature=0.5), l=_vec(4)
+        lambda p, W: W(distrax.Softmax, p["l"], temperature=p["t"]),
+        l=_vec(4),
+        t=a(0.5),
     ),
     "SplitCoupling": _bij(
         lambda p, W: W(distrax.SplitCoupling, 2, 1, _conditioner, _affine_from_params),

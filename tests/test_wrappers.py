@@ -1,6 +1,8 @@
 """`FixedDistrax` beyond the conformance matrix: method uniformity, the float policy,
 bad inputs, and training."""
 
+import io
+
 import distrax
 import equinox as eqx
 import jax
@@ -55,9 +57,24 @@ def test_other_attributes_fall_through_to_the_instance():
         d.no_such_attribute  # noqa: B018
 
 
-def test_python_floats_are_static_and_compared_by_value():
+def test_python_floats_become_trainable_saved_array_leaves():
+    # distrax converts floats to arrays itself; so does the wrapper, with a
+    # concrete (non-weak) default float dtype, so that they train and are saved.
     d = ep.FixedDistrax(distrax.Normal, 0.0, 1.0)
-    assert jtu.tree_leaves(d) == []
+    leaves = jtu.tree_leaves(d)
+    assert [(x.dtype, x.weak_type) for x in leaves] == [(jnp.float32, False)] * 2
+    grads = eqx.filter_grad(lambda d: d.log_prob(0.5))(d)
+    _close(grads.loc, 0.5)  # d/dloc log N(0.5; loc, 1) = x - loc
+    # Deserialising into a skeleton built with other floats restores the values.
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, ep.FixedDistrax(distrax.Normal, 0.25, 2.0))
+    buffer.seek(0)
+    loaded = eqx.tree_deserialise_leaves(buffer, d)
+    assert (float(loaded.loc), float(loaded.scale)) == (0.25, 2.0)
+    _close(loaded.log_prob(0.5), distrax.Normal(0.25, 2.0).log_prob(0.5))
+
+
+def test_float_leaves_compile_once_and_other_static_values_by_type():
     traces = []
 
     @jax.jit
@@ -65,17 +82,34 @@ def test_python_floats_are_static_and_compared_by_value():
         traces.append(None)
         return d.log_prob(0.5)
 
-    f(d)
     f(ep.FixedDistrax(distrax.Normal, 0.0, 1.0))
-    assert len(traces) == 1
     _close(
         f(ep.FixedDistrax(distrax.Normal, 0.0, 2.0)),
         distrax.Normal(0.0, 2.0).log_prob(0.5),
     )
-    assert len(traces) == 2
-    # `1` and `1.0` are equal in Python but not the same argument.
-    f(ep.FixedDistrax(distrax.Normal, 0, 1.0))
-    assert len(traces) == 3
+    assert len(traces) == 1  # a new float value is a new leaf value, not a retrace
+    # `1` and `True` are equal in Python but not the same static argument.
+    i = ep.FixedDistrax(distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), 1)
+    b = ep.FixedDistrax(
+        distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), True
+    )
+    assert jtu.tree_structure(i) != jtu.tree_structure(b)
+
+
+def test_static_floats_zero_and_negative_zero_compile_separately():
+    # The few floats a class branches on stay static; `0.0 == -0.0` in Python but
+    # they must not share a compiled function.
+    params = jnp.linspace(-0.5, 0.5, 3 * 13).reshape(3, 13)
+
+    def spline(lo):
+        return ep.FixedDistrax(distrax.RationalQuadraticSpline, params, lo, 2.0)
+
+    assert spline(0.0).arguments["range_min"] == 0.0
+    assert jtu.tree_structure(spline(0.0)) == jtu.tree_structure(spline(0.0))
+    assert jtu.tree_structure(spline(0.0)) != jtu.tree_structure(spline(-0.0))
+    assert hash(jtu.tree_structure(spline(0.0))) == hash(
+        jtu.tree_structure(spline(0.0))
+    )
 
 
 def test_vmapped_construction_equals_a_loop():
