@@ -3,8 +3,7 @@ selection of TFP-JAX and numpyro distributions and bijectors, nested ones includ
 
 Each case builds its object from a dict of arrays through a `W(cls, *args, **kwargs)`
 callable: `W = FixedDistrax` gives the wrapper, `W = RAW` the raw distrax/TFP/numpyro
-object
-built from the very same arrays, which is the independent reference.
+object built from the very same arrays, which is the independent reference.
 """
 
 from __future__ import annotations
