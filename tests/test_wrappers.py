@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import numpyro.distributions as nd
 import optax
 import pytest
 from _common import hlo_op_count
@@ -110,6 +111,82 @@ def test_static_floats_zero_and_negative_zero_compile_separately():
     assert hash(jtu.tree_structure(spline(0.0))) == hash(
         jtu.tree_structure(spline(0.0))
     )
+
+
+def test_tree_at_on_a_static_argument_explains_why_and_what_to_do():
+    params = jnp.linspace(-0.5, 0.5, 3 * 13).reshape(3, 13)
+    spline = ep.FixedDistrax(distrax.RationalQuadraticSpline, params, -2.0, 2.0)
+    with pytest.raises(TypeError, match=r"`range_min` = -2.0 is a static Python float"):
+        eqx.tree_at(lambda s: s.range_min, spline, -3.0)
+    assert spline.range_min == -2.0  # plain access still works
+    d = ep.FixedDistrax(distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), 1)
+    with pytest.raises(TypeError, match=r"`reinterpreted_batch_ndims` = 1 is static"):
+        eqx.tree_at(lambda d: d.reinterpreted_batch_ndims, d, 2)
+    # The pin: Equinox's private leaf wrapper, which the check above recognises.
+    from equinox import _tree
+
+    assert hasattr(_tree, "_LeafWrapper"), (
+        "equinox._tree._LeafWrapper is gone: update "
+        "eqxprob/_wrappers.py:_probed_by_tree_at."
+    )
+
+
+def test_integer_arrays_for_continuous_tfp_parameters_are_cast():
+    # Raw TFP computes in integers here: log N(0.5; 0, 1) comes out as -0.125.
+    d = ep.FixedDistrax(tfd.Normal, jnp.array(0), jnp.array(1))
+    assert d.loc.dtype == jnp.float32 and d.scale.dtype == jnp.float32
+    _close(d.log_prob(0.5), tfd.Normal(0.0, 1.0).log_prob(0.5))
+    _close(d.log_prob(0.5), -1.0439385)
+    # Cast to the dtype of the other float arguments ...
+    half = ep.FixedDistrax(tfd.Normal, jnp.array(0), jnp.ones((), jnp.bfloat16))
+    assert half.loc.dtype == jnp.bfloat16
+    # ... but integer parameters stay integers.
+    permute = ep.FixedDistrax(tfb.Permute, jnp.array([2, 0, 1]))
+    assert permute.permutation.dtype == jnp.int32
+    np.testing.assert_array_equal(permute.forward(X), X[jnp.array([2, 0, 1])])
+    # Where TFP itself rejects mixed dtypes, the error names the class.
+    with pytest.raises(TypeError, match=r"tfd.Binomial rejected.*incompatible dtypes"):
+        ep.FixedDistrax(tfd.Binomial, jnp.array(5), logits=jnp.array(0.0))
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (
+            distrax.Normal,
+            {"mu": X, "scale": X},
+            "'mu'; distrax.Normal takes loc, scale",
+        ),
+        (tfd.Normal, {"sigma": X, "loc": X}, "'sigma'; tfd.Normal takes loc, scale"),
+        (nd.Normal, {"mu": X}, "'mu'; numpyro.Normal takes loc, scale"),
+    ],
+    ids=["distrax", "tfp", "numpyro"],
+)
+def test_an_unknown_keyword_is_named(cls, kwargs, message):
+    with pytest.raises(TypeError, match="unexpected keyword argument " + message):
+        ep.FixedDistrax(cls, **kwargs)
+
+
+def test_spec_builds_in_axes_without_calling_the_class():
+    locs = jnp.array([0.0, 1.0, 2.0])
+    batched = ep.FixedDistrax(distrax.Normal, locs, jnp.array(1.5))
+    in_axes = ep.FixedDistrax.spec(distrax.Normal, 0, None)
+    got = jax.vmap(lambda d: d.log_prob(0.3), in_axes=(in_axes,))(batched)
+    _close(got, distrax.Normal(locs, 1.5).log_prob(0.3))
+    # Nested, with a static argument given by value, and as `out_axes`.
+    inner = ep.FixedDistrax.spec(tfd.Normal, loc=0, scale=None)
+    spec = ep.FixedDistrax.spec(
+        tfd.Independent, inner, static_arguments={"reinterpreted_batch_ndims": 1}
+    )
+    out = jax.vmap(
+        lambda m: ep.FixedDistrax(
+            tfd.Independent, ep.FixedDistrax(tfd.Normal, m, jnp.ones(2)), 1
+        ),
+        out_axes=spec,
+    )(jnp.ones((3, 2)))
+    assert out.distribution.loc.shape == (3, 2) and out.distribution.scale.shape == (2,)
+    with pytest.raises(TypeError, match=r"spec\(Normal\): too many positional"):
+        ep.FixedDistrax.spec(distrax.Normal, 0, None, 1)
 
 
 def test_vmapped_construction_equals_a_loop():
