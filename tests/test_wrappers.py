@@ -416,8 +416,19 @@ def test_rejected_arguments_name_the_class_and_argument(build, error, match):
         (distrax.Normal, (jnp.zeros(4), jnp.ones(4))),
         (distrax.MultivariateNormalTri, (jnp.zeros(4), jnp.eye(4))),
         (tfd.MultivariateNormalTriL, (jnp.zeros(4), jnp.eye(4))),
+        # TFP bijector-based: the fresh array references must compile away.
+        (tfd.LogNormal, (jnp.zeros(4), jnp.ones(4))),
+        (nd.Normal, (jnp.zeros(4), jnp.ones(4))),
+        (nd.MultivariateNormal, (jnp.zeros(4), None, None, jnp.eye(4))),
     ],
-    ids=["Normal", "MultivariateNormalTri", "tfd.MultivariateNormalTriL"],
+    ids=[
+        "Normal",
+        "MultivariateNormalTri",
+        "tfd.MultivariateNormalTriL",
+        "tfd.LogNormal",
+        "nd.Normal",
+        "nd.MultivariateNormal",
+    ],
 )
 def test_compiled_log_prob_has_the_same_hlo_as_raw(cls, args):
     x = jnp.linspace(-1.0, 1.0, 4)
