@@ -543,3 +543,11 @@ def test_numpyro_serialise_in_process():
     buffer.seek(0)
     loaded = eqx.tree_deserialise_leaves(buffer, jtu.tree_map(jnp.zeros_like, d))
     assert loaded.loc.tolist() == [1.0, 2.0] and loaded.scale.tolist() == [3.0, 4.0]
+
+
+def test_supported_families_page_is_up_to_date():
+    import _families_page
+
+    assert _families_page.PAGE.read_text() == _families_page.render(), (
+        "docs/families.md is out of date: run `python tests/_families_page.py`."
+    )
