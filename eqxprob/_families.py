@@ -35,8 +35,13 @@ fails with a message naming it when the upstream library changes):
 - distrax: `wrap_instance` reads a constructor argument `name` from the private
   attribute `_name` (distrax stores most arguments so), else from `name`.
   The rebuilt object is checked to have the same leaves as the original.
-- Equinox: none (`FixedDistrax` uses only `eqx.Module` subclassing and the public
-  wadler-lindig `__pdoc__` hook).
+- Equinox (in `_wrappers.py`): a `FixedDistrax` instance belongs to a subclass
+  created per set of array-argument names (`type(eqx.Module)(...)`), assigned with
+  `__class__` in `__init__` before any field is set; Equinox names key paths after
+  fields and reads them from `__dict__` (pinned). `eqx.tree_at` probes `where` with
+  leaves wrapped in the private `equinox._tree._LeafWrapper`, which is recognised to
+  explain why a static argument cannot be replaced (pinned in `test_wrappers.py`).
+  Printing uses the public wadler-lindig `__pdoc__` hook.
 """
 
 from __future__ import annotations
