@@ -460,6 +460,15 @@ def _np_forward_and_log_det(t: Any, x: Any) -> tuple[Any, Any]:
     return y, t.log_abs_det_jacobian(x, y)
 
 
+def _np_mode(d: Any) -> Any:
+    try:
+        return d.mode
+    except AttributeError:  # numpyro < 0.22 lacks the property altogether
+        raise NotImplementedError(
+            f"numpyro.{type(d).__name__} does not implement `mode`."
+        ) from None
+
+
 def _np_kl(p: Any, q: Any) -> Any:
     return require_numpyro().kl.kl_divergence(p, q)
 
@@ -481,7 +490,7 @@ _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
     "sample": _np_sample,
     "sample_and_log_prob": _np_sample_and_log_prob,
     "mean": lambda d: d.mean,
-    "mode": lambda d: d.mode,
+    "mode": lambda d: _np_mode(d),
     "variance": lambda d: d.variance,
     "stddev": lambda d: jnp.sqrt(d.variance),
     "entropy": lambda d: d.entropy(),
