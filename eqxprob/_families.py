@@ -27,6 +27,10 @@ fails with a message naming it when the upstream library changes):
   _skip_checks=True)` with `Array._arrays` and `Array._committed`, to make a fresh
   reference to a concrete array without copying it (about 2 µs). If it fails,
   `jax.device_put(x, may_alias=False)` (public, but a copy) is used instead.
+- JAX: `jax.lax.copy_p` (exported, but a primitive rather than a documented
+  function) for fresh tracers; it compiles away (same HLO, tested).
+- numpyro: `numpyro.distributions.transforms._InverseTransform` (what `t.inv`
+  returns), refused as a class to wrap.
 - TFP: `tensorflow_probability.substrates.jax.internal.parameter_properties
   .BIJECTOR_NOT_IMPLEMENTED`, to tell continuous parameters (cast to float when given as
   integer arrays) from integer ones (`Permute.permutation`, `Binomial.total_count`).

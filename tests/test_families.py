@@ -58,6 +58,19 @@ def test_pin_jax_array_alias_fast_path():
     assert y.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
 
 
+def test_pin_jax_copy_primitive_and_numpyro_inverse_transform():
+    assert hasattr(jax.lax, "copy_p"), (
+        "jax.lax.copy_p is gone: update eqxprob/_families.py:fresh."
+    )
+    assert "copy" in str(jax.make_jaxpr(_families.fresh)(jnp.ones(2)))
+    assert isinstance(nt.ExpTransform().inv, nt._InverseTransform), (
+        "numpyro's `Transform.inv` no longer returns `_InverseTransform`: update "
+        "eqxprob/_families.py:_Numpyro.abstract_reason."
+    )
+    with pytest.raises(TypeError, match="not constructible by itself"):
+        ep.FixedDistrax(nt._InverseTransform, nt.ExpTransform())
+
+
 def test_pin_tfp_bijector_not_implemented_marker():
     from tensorflow_probability.substrates.jax.internal import parameter_properties
 

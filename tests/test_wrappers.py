@@ -189,6 +189,31 @@ def test_spec_builds_in_axes_without_calling_the_class():
         ep.FixedDistrax.spec(distrax.Normal, 0, None, 1)
 
 
+def _conditional(z):
+    return tfd.Normal(z, 2.0)
+
+
+def test_static_values_mixed_with_wrappers_in_a_list():
+    # A list holding a wrapper and a callable: the callable stays static (not a
+    # leaf), the wrapper's arrays are leaves, and `arguments` shows the list.
+    model = ep.FixedDistrax(
+        tfd.JointDistributionSequential,
+        [ep.FixedDistrax(tfd.Normal, jnp.array(0.5), jnp.array(1.5)), _conditional],
+    )
+    assert len(jtu.tree_leaves(model)) == 2
+    assert model.arguments["model"][1] is _conditional
+    raw = tfd.JointDistributionSequential([tfd.Normal(0.5, 1.5), _conditional])
+    value = [jnp.array(0.3), jnp.array(-0.4)]
+    _close(model.log_prob(value), raw.log_prob(value))
+    again = ep.FixedDistrax(
+        tfd.JointDistributionSequential,
+        [ep.FixedDistrax(tfd.Normal, jnp.array(1.0), jnp.array(1.0)), _conditional],
+    )
+    assert jtu.tree_structure(again) == jtu.tree_structure(model)
+    grads = eqx.filter_grad(lambda m: m.log_prob(value))(model)
+    _close(grads.model[0].loc, (0.3 - 0.5) / 1.5**2)
+
+
 def test_vmapped_construction_equals_a_loop():
     locs = jnp.array([0.0, 1.0, 2.0])
     batched = jax.vmap(lambda m: ep.FixedDistrax(distrax.Normal, m, jnp.array(1.5)))(
