@@ -440,6 +440,8 @@ class _Numpyro(_Family):
                 continue
             if name in vars(obj):
                 arguments[name] = vars(obj)[name]
+            elif f"_{name}" in vars(obj):  # e.g. MixtureSameFamily's
+                arguments[name] = vars(obj)[f"_{name}"]
             elif name == "base_distribution" and "base_dist" in vars(obj):
                 arguments[name] = obj.base_dist
             elif p.default is p.empty:

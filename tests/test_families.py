@@ -123,53 +123,91 @@ def test_pin_equinox_flattens_fields_by_name():
 # --- thread safety ------------------------------------------------------------
 
 X2 = jnp.array([0.7, 1.9])
+LOC, SCALE = (0.2, 0.5), (1.0, 1.3)
+
+
+def _log_prob(d, x):
+    return d.log_prob(x)
+
+
+def _inverse_terms(b, y):
+    # `inverse` and its log-det go through TFP's cache (the inverse is looked up).
+    x, ildj = b.inverse_and_log_det(y)
+    return x + ildj
+
+
+# name -> (wrapper, how to call it, the raw object, how to call that)
 THREAD_CASES = {
-    "distrax": lambda: ep.FixedDistrax(
-        distrax.Normal, jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3])
+    "distrax": (
+        lambda: ep.FixedDistrax(distrax.Normal, jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
+        lambda: distrax.Normal(jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
     ),
-    "tfp": lambda: ep.FixedDistrax(
-        tfd.LogNormal, jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3])
+    "tfp": (
+        lambda: ep.FixedDistrax(tfd.LogNormal, jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
+        lambda: tfd.LogNormal(jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
     ),
-    "distrax-over-tfp": lambda: ep.FixedDistrax(
-        distrax.Transformed,
-        ep.FixedDistrax(distrax.Normal, jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3])),
-        ep.FixedDistrax(tfb.Exp),
+    "tfp-bijector": (
+        lambda: ep.FixedDistrax(
+            tfb.Chain,
+            [ep.FixedDistrax(tfb.Shift, jnp.array(LOC)), ep.FixedDistrax(tfb.Exp)],
+        ),
+        _inverse_terms,
+        lambda: tfb.Chain([tfb.Shift(jnp.array(LOC)), tfb.Exp()]),
+        lambda b, y: b.inverse(y) + b.inverse_log_det_jacobian(y),
     ),
-    "numpyro": lambda: ep.FixedDistrax(
-        nd.LogNormal, jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3])
+    "distrax-over-tfp": (
+        lambda: ep.FixedDistrax(
+            distrax.Transformed,
+            ep.FixedDistrax(distrax.Normal, jnp.array(LOC), jnp.array(SCALE)),
+            ep.FixedDistrax(tfb.Exp),
+        ),
+        _log_prob,
+        lambda: tfd.LogNormal(jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
+    ),
+    "numpyro": (
+        lambda: ep.FixedDistrax(nd.LogNormal, jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
+        lambda: nd.LogNormal(jnp.array(LOC), jnp.array(SCALE)),
+        _log_prob,
+    ),
+    "numpyro-transform": (
+        lambda: ep.FixedDistrax(nt.AffineTransform, jnp.array(LOC), jnp.array(SCALE)),
+        _inverse_terms,
+        lambda: nt.AffineTransform(jnp.array(LOC), jnp.array(SCALE)),
+        lambda t, y: t.inv(y) - t.log_abs_det_jacobian(t.inv(y), y),
     ),
 }
 
 
 def _reference(name):
-    """The raw object's log_prob at a fresh copy of X2 (never touched by threads)."""
-    loc, scale = jnp.array([0.2, 0.5]), jnp.array([1.0, 1.3])
-    x = jnp.array(np.asarray(X2))
-    raw = {
-        "distrax": lambda: distrax.Normal(loc, scale),
-        "tfp": lambda: tfd.LogNormal(loc, scale),
-        "distrax-over-tfp": lambda: tfd.LogNormal(loc, scale),
-        "numpyro": lambda: nd.LogNormal(loc, scale),
-    }[name]()
-    return np.asarray(raw.log_prob(x))
+    """The raw object's value at a fresh copy of X2 (never touched by threads)."""
+    _, _, make_raw, call_raw = THREAD_CASES[name]
+    return np.asarray(call_raw(make_raw(), jnp.array(np.asarray(X2))))
 
 
 def test_wrapped_calls_from_eight_threads_agree_with_raw():
     # 4 threads trace a `lax.scan` over the wrapper (with the same concrete input
     # array object, which TFP's cache keys on) and 4 call it eagerly, all at once.
     expected = {name: _reference(name) for name in THREAD_CASES}
-    wrappers = {name: make() for name, make in THREAD_CASES.items()}
+    wrappers = {name: case[0]() for name, case in THREAD_CASES.items()}
     barrier = threading.Barrier(8)
     results, errors = [], []
 
     def traced(name):
+        call = THREAD_CASES[name][1]
+
         def step(carry, _):
-            return carry, carry.log_prob(X2)
+            return carry, call(carry, X2)
 
         return jax.lax.scan(step, wrappers[name], None, length=2)[1][-1]
 
     def eager(name):
-        return wrappers[name].log_prob(X2)
+        return THREAD_CASES[name][1](wrappers[name], X2)
 
     def work(kind):
         try:
@@ -192,7 +230,7 @@ def test_wrapped_calls_from_eight_threads_agree_with_raw():
     for name, _, got in results:
         _close(got, expected[name], rtol=1e-5)
     # Nothing process-wide was changed: raw TFP still works on the shared input.
-    _close(tfd.LogNormal(jnp.array([0.2, 0.5]), 1.3).log_prob(X2).shape, (2,))
+    _close(tfd.LogNormal(jnp.array(LOC), 1.3).log_prob(X2).shape, (2,))
 
 
 def test_outer_tracer_used_inside_and_outside_a_scan():
@@ -310,6 +348,12 @@ def test_is_raw_distribution_and_bijector(obj, kind):
             0.3,
         ),
         (lambda: nt.AffineTransform(jnp.array(1.0), jnp.array(2.0)), 0.3),
+        (
+            lambda: nd.MixtureSameFamily(
+                nd.CategoricalLogits(jnp.zeros(2)), nd.Normal(jnp.zeros(2), 1.0)
+            ),
+            0.3,
+        ),
         (lambda: distrax.Normal(jnp.zeros(2), jnp.ones(2)), jnp.ones(2)),
         (lambda: distrax.Tanh(), 0.3),
         (
@@ -325,6 +369,7 @@ def test_is_raw_distribution_and_bijector(obj, kind):
         "nd.Independent",
         "nd.TransformedDistribution",
         "nt.AffineTransform",
+        "nd.MixtureSameFamily",
         "distrax.Normal",
         "distrax.Tanh",
         "distrax.Independent",
