@@ -403,6 +403,12 @@ class FixedDistrax(eqx.Module):
                 f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "
                 f"arguments ({', '.join(_items(self.arguments))}): {e}"
             )
+            if any(v is None or type(v) is int for v in arguments.values()):
+                message += (
+                    " (If this is meant as a prefix tree such as `jax.vmap`'s "
+                    f"`in_axes`, build it with `FixedDistrax.spec({cls.__name__}, "
+                    "...)`, which does not call the class.)"
+                )
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
             raise error(message) from e
 
