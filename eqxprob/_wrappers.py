@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -246,13 +247,28 @@ def _show(value: Any) -> Any:
     )
 
 
-@functools.cache
+_SUBCLASSES: dict[tuple[str, ...], type] = {}
+_SUBCLASSES_LOCK = threading.Lock()
+
+
 def _subclass(dynamic: tuple[str, ...]) -> type:
     """The `FixedDistrax` subclass whose fields are the dynamic arguments, by name.
 
     Equinox derives key paths from field names, so a field per argument makes
-    `jax.tree_util.tree_flatten_with_path` show `.loc` rather than an index.
+    `jax.tree_util.tree_flatten_with_path` show `.loc` rather than an index. One
+    class per set of names, also when several threads ask at once (two classes
+    would give equal wrappers unequal tree structures).
     """
+    sub = _SUBCLASSES.get(dynamic)
+    if sub is None:
+        with _SUBCLASSES_LOCK:
+            sub = _SUBCLASSES.get(dynamic)
+            if sub is None:
+                sub = _SUBCLASSES[dynamic] = _new_subclass(dynamic)
+    return sub
+
+
+def _new_subclass(dynamic: tuple[str, ...]) -> type:
     namespace = {
         "__annotations__": dict.fromkeys(dynamic, Any),
         "__module__": __name__,

@@ -233,6 +233,36 @@ def test_wrapped_calls_from_eight_threads_agree_with_raw():
     _close(tfd.LogNormal(jnp.array(LOC), 1.3).log_prob(X2).shape, (2,))
 
 
+def test_threads_building_a_new_kind_of_wrapper_get_one_class(monkeypatch):
+    import time
+
+    from eqxprob import _wrappers
+
+    names = ("concentration1", "concentration0")  # tfd.Beta's
+    monkeypatch.delitem(_wrappers._SUBCLASSES, names, raising=False)
+    new_subclass = _wrappers._new_subclass
+
+    def slow_new_subclass(dynamic):  # widens the race window to 50 ms
+        time.sleep(0.05)
+        return new_subclass(dynamic)
+
+    monkeypatch.setattr(_wrappers, "_new_subclass", slow_new_subclass)
+    barrier = threading.Barrier(8)
+    built = []
+
+    def build():
+        barrier.wait()
+        built.append(ep.FixedDistrax(tfd.Beta, jnp.array(1.5), jnp.array(2.0)))
+
+    threads = [threading.Thread(target=build) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({type(d) for d in built}) == 1
+    assert len({jtu.tree_structure(d) for d in built}) == 1
+
+
 def test_outer_tracer_used_inside_and_outside_a_scan():
     # A tracer of an outer `jit` used both in a `scan` body and after it: raw TFP
     # would hand the scan's tracer back outside it.
