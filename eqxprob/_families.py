@@ -148,7 +148,10 @@ def fresh(x: Any) -> Any:
     if isinstance(x, jax.core.Tracer):
         return jax.lax.copy_p.bind(x)
     if isinstance(x, jax.Array):
-        return _alias(x)
+        try:
+            return _alias(x)
+        except Exception:  # noqa: BLE001 - e.g. a typed PRNG key array
+            return _alias_public(x)
     return x
 
 

@@ -71,6 +71,13 @@ def test_pin_jax_copy_primitive_and_numpyro_inverse_transform():
         ep.FixedDistrax(nt._InverseTransform, nt.ExpTransform())
 
 
+def test_fresh_reference_to_a_typed_key():
+    key = jax.random.key(0)
+    again = _families.fresh(key)
+    assert again is not key
+    np.testing.assert_array_equal(jax.random.key_data(again), jax.random.key_data(key))
+
+
 def test_pin_tfp_bijector_not_implemented_marker():
     from tensorflow_probability.substrates.jax.internal import parameter_properties
 
