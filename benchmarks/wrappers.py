@@ -1,4 +1,5 @@
-"""What `FixedDistrax` costs: eager time, trace time and compiled HLO vs raw objects.
+"""What `FixedDistrax` costs, per family: eager time, trace time and compiled HLO vs
+raw objects.
 
 Raw objects are built inside the jitted function from the same arrays (they cannot
 be passed through `eqx.filter_jit` as arguments), so both sides compile the same
@@ -12,6 +13,12 @@ import jax
 import jax.numpy as jnp
 from _common import hlo_op_count, median_seconds, table
 from tensorflow_probability.substrates import jax as tfp
+
+
+try:
+    import numpyro.distributions as nd
+except ImportError:  # the optional family
+    nd = None
 
 import eqxprob as ep
 
@@ -31,19 +38,33 @@ PARAMS = {
 
 # Each case builds its object from PARAMS through `W`: the wrapper or the raw class.
 CASES = {
-    "Normal": lambda p, W: W(distrax.Normal, p["loc"], p["scale"]),
-    "MultivariateNormalTri": lambda p, W: W(
+    ("distrax", "Normal"): lambda p, W: W(distrax.Normal, p["loc"], p["scale"]),
+    ("distrax", "MultivariateNormalTri"): lambda p, W: W(
         distrax.MultivariateNormalTri, p["loc"], p["tril"]
     ),
-    "Transformed(Normal, ScalarAffine)": lambda p, W: W(
+    ("distrax", "Transformed(Normal, ScalarAffine)"): lambda p, W: W(
         distrax.Transformed,
         W(distrax.Normal, p["loc"], p["scale"]),
         W(distrax.ScalarAffine, p["shift"], p["factor"]),
     ),
-    "tfd.MultivariateNormalTriL": lambda p, W: W(
+    ("tfp", "Normal"): lambda p, W: W(tfd.Normal, p["loc"], p["scale"]),
+    ("tfp", "LogNormal"): lambda p, W: W(tfd.LogNormal, p["loc"], p["scale"]),
+    ("tfp", "MultivariateNormalTriL"): lambda p, W: W(
         tfd.MultivariateNormalTriL, p["loc"], p["tril"]
     ),
 }
+if nd is not None:
+    CASES |= {
+        ("numpyro", "Normal"): lambda p, W: W(nd.Normal, p["loc"], p["scale"]),
+        ("numpyro", "MultivariateNormal"): lambda p, W: W(
+            nd.MultivariateNormal, p["loc"], scale_tril=p["tril"]
+        ),
+        ("numpyro", "TransformedDistribution"): lambda p, W: W(
+            nd.TransformedDistribution,
+            W(nd.Normal, p["loc"], p["scale"]),
+            W(nd.transforms.AffineTransform, p["shift"], p["factor"]),
+        ),
+    }
 
 
 def _raw(cls, *args, **kwargs):
@@ -63,7 +84,7 @@ def _trace_seconds(fn, *args, repeat=10):
 def main() -> None:
     x = jnp.linspace(-1.0, 1.0, N)
     rows = []
-    for name, make in CASES.items():
+    for (family, name), make in CASES.items():
         wrapped = make(PARAMS, ep.FixedDistrax)
         raw = make(PARAMS, _raw)
 
@@ -82,6 +103,7 @@ def main() -> None:
         ops_wrapped = hlo_op_count(wrapped_log_prob, wrapped, x)
         rows.append(
             [
+                family,
                 name,
                 f"{eager_raw * 1e6:.0f}",
                 f"{eager_build * 1e6:.0f}",
@@ -95,6 +117,7 @@ def main() -> None:
             ]
         )
     header = [
+        "family",
         "distribution",
         "raw µs",
         "raw+build µs",
@@ -112,6 +135,8 @@ def main() -> None:
         "as the wrapper does); trace: jit+lower of a fresh function"
     )
     print(table(header, rows))
+    if nd is None:
+        print("numpyro is not installed: `pip install 'eqxprob[numpyro]'`")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Every place that applies a bijector (`ep.Bijector`, `ep.resolve`, the shortcuts,
 `ep.unconstrain`/`constrain`/`parameterize`/`log_prior`, `ep.log_det_jacobian`)
 goes through `as_transform` (storage), `forward`, `inverse` and `log_det` here. They
-accept a `FixedDistrax` bijector, a raw distrax/TFP bijector, a plain callable
-(forward only) and whatever a registered factory returns.
+accept a `FixedDistrax` bijector, a raw distrax/TFP/numpyro bijector (rebuilt as a
+wrapper by `_families.wrap_instance`), a plain callable (forward only) and whatever
+a registered factory returns.
 
 The built-in bijectors are small `eqx.Module`s rather than `FixedDistrax(tfb.X)`:
 they agree with TFP to rounding (see the tests) but trace about four times faster.
@@ -33,7 +34,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array
 
-from . import _errors
+from . import _errors, _families
 from ._wrappers import FixedDistrax, tfb
 
 
@@ -403,17 +404,6 @@ def _distrax_key(bijector: distrax.Bijector) -> Any:
     return key
 
 
-def _from_tfp(bijector: tfb.Bijector) -> FixedDistrax:
-    """Rebuild a raw TFP bijector as a `FixedDistrax` from its `.parameters`."""
-
-    def convert(x: Any) -> Any:
-        return _from_tfp(x) if isinstance(x, tfb.Bijector) else x
-
-    is_raw = lambda x: isinstance(x, tfb.Bijector)
-    kwargs = jtu.tree_map(convert, dict(bijector.parameters), is_leaf=is_raw)
-    return FixedDistrax(type(bijector), **kwargs)
-
-
 def as_transform(transform: Any, owner: str) -> Any:
     """Store `transform` as a proper pytree, or as a static and hashable value.
 
@@ -429,18 +419,16 @@ def as_transform(transform: Any, owner: str) -> Any:
                 "bijector, e.g. `ep.FixedDistrax(tfb.Softplus)`."
             )
         return transform
-    if isinstance(transform, tfb.Bijector):
-        return _from_tfp(transform)
     if isinstance(transform, distrax.Bijector):
+        # Without arrays: static, compared by value (cheaper than a wrapper).
         key = _distrax_key(transform)
-        if key is None:
-            raise TypeError(
-                f"{owner}: the raw distrax.{name} holds arrays (or unhashable "
-                "values), which would be hidden from JAX. Wrap it: "
-                f"`ep.FixedDistrax(distrax.{name}, ...)` with its constructor "
-                "arguments."
-            )
-        return Static(_Held(transform, key))
+        if key is not None:
+            return Static(_Held(transform, key))
+    if _families.is_raw_bijector(transform):
+        try:
+            return _families.wrap_instance(transform)  # TFP, numpyro, distrax
+        except TypeError as e:
+            raise TypeError(f"{owner}: {e}") from None
     if isinstance(transform, (distrax.Distribution, jax.Array, np.ndarray)) or not (
         callable(transform) or hasattr(transform, "forward")
     ):
@@ -511,10 +499,8 @@ def event_ndim(transform: Any) -> int | None:
     held = _held(transform)
     if isinstance(held, BUILT_INS):
         return held.event_ndim
-    for name in ("forward_min_event_ndims", "event_ndims_in"):  # TFP, distrax
-        value = getattr(held, name, None)
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            return int(value)
+    if isinstance(held, FixedDistrax) or _families.is_raw_bijector(held):
+        return _families.event_ndims_in(held)
     return None
 
 
@@ -580,7 +566,7 @@ def describe(transform: Any) -> str:
     if isinstance(held, BUILT_INS):
         return held.name
     if isinstance(held, FixedDistrax):
-        return repr(held)
+        return held.family.qualname(held.cls)
     if isinstance(held, distrax.Bijector):
         return f"distrax.{type(held).__name__}()"
     return getattr(held, "__qualname__", None) or repr(held)

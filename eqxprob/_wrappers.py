@@ -1,32 +1,39 @@
-"""`FixedDistrax`: distrax and TFP-JAX distributions and bijectors as proper pytrees.
+"""`FixedDistrax`: distrax, TFP-JAX and numpyro distributions and bijectors as proper
+pytrees.
 
-distrax's `Jittable` and TFP's JAX pytrees flatten into derived caches and carry
-unhashable, unequal metadata, so `eqx.filter_grad`, `eqx.partition`, `eqx.tree_at`
-and friends fail on them. Following the Equinox author's advice, `FixedDistrax` holds
-the class and its constructor arguments instead, and instantiates the object lazily at
-every method call. Its leaves are exactly the array arguments it was given.
+distrax's `Jittable`, TFP's JAX pytrees and numpyro's pytrees flatten into derived
+caches, order their leaves unstably or carry unequal metadata, so `eqx.filter_grad`,
+`eqx.partition`, `eqx.tree_at` and friends fail on them. Following the Equinox author's
+advice, `FixedDistrax` holds the class and its constructor arguments instead, and
+instantiates the object lazily at every method call. Its leaves are exactly the array
+arguments it was given, each in a field named after its constructor parameter.
+
+Everything specific to a library lives in `_families.py`; this module is
+family-agnostic.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Mapping
 from typing import Any
 
-import distrax
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
+import wadler_lindig as wl
 from tensorflow_probability.substrates import jax as tfp
+
+from . import _families
+from ._families import _Family, family_of, float_key, fresh, fresh_tree
 
 
 tfd = tfp.distributions
 tfb = tfp.bijectors
-
-_DISTRIBUTION_BASES = (distrax.Distribution, tfd.Distribution)
-_BIJECTOR_BASES = (distrax.Bijector, tfb.Bijector)
-_RAW_BASES = _DISTRIBUTION_BASES + _BIJECTOR_BASES
 
 
 def _is_wrapper(x: Any) -> bool:
@@ -39,48 +46,81 @@ def _is_dynamic(x: Any) -> bool:
 
 
 def _is_raw(x: Any) -> bool:
-    return isinstance(x, _RAW_BASES)
+    return _families._is_raw(x)
 
 
-def _qualname(cls: type) -> str:
-    module = cls.__module__
-    if module.startswith("distrax"):
-        return f"distrax.{cls.__name__}"
-    if module.startswith("tensorflow_probability"):
-        family = "tfb" if issubclass(cls, tfb.Bijector) else "tfd"
-        return f"{family}.{cls.__name__}"
-    return cls.__name__
+def _is_dynamic_or_raw(x: Any) -> bool:
+    return _is_dynamic(x) or _is_raw(x)
 
 
 @functools.cache
-def _signature(cls: type) -> inspect.Signature:
-    """The constructor signature without `self`.
+def _family(cls: type) -> _Family:
+    family = family_of(cls)
+    assert family is not None
+    return family
 
-    TFP decorates `__init__` and hides it behind `(*args, **kwargs)` on the class,
-    so read `cls.__init__` rather than `cls`.
+
+@functools.cache
+def _is_distribution_class(cls: type) -> bool:
+    return _family(cls).is_distribution_class(cls)
+
+
+@functools.cache
+def _keyword_only_call(cls: type) -> bool:
+    """Whether every argument can be passed by keyword (no `*args`, positional-only)."""
+    kinds = {p.kind for p in _family(cls).signature(cls).parameters.values()}
+    return not kinds & {
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    }
+
+
+class _Const:
+    """A static value inside a dynamic argument (e.g. an int in a list of wrappers).
+
+    A pytree node without children whose auxiliary data is itself, so it never
+    becomes a leaf and compares by value, as static fields do.
     """
-    signature = inspect.signature(cls.__init__)
-    parameters = list(signature.parameters.values())[1:]
-    return signature.replace(parameters=parameters)
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._key = float_key(value)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Const) and self._key == other._key
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+jtu.register_pytree_node(_Const, lambda c: ((), c), lambda c, _: c)
 
 
 class _Static:
-    """The non-array part of a wrapper's constructor arguments.
+    """The static part of a wrapper: argument names, and the non-array arguments.
 
-    Stored as a static field, so it must hash and compare by value: two wrappers
+    Stored as a static field, so it hashes and compares by value: two wrappers
     built separately from equal arguments then share one compiled function. Values
-    are compared together with their type, so `1` and `1.0` (or `True`) differ.
+    are compared together with their type, so `1`, `1.0` and `True` differ, and so
+    do `0.0` and `-0.0`.
     """
 
-    __slots__ = ("names", "treedef", "values", "_key")
+    __slots__ = ("names", "dynamic", "static", "_key")
 
     def __init__(
-        self, names: tuple[str, ...], treedef: jtu.PyTreeDef, values: tuple[Any, ...]
-    ):
+        self, names: tuple[str, ...], static: tuple[tuple[str, Any], ...]
+    ) -> None:
         self.names = names
-        self.treedef = treedef
-        self.values = values
-        self._key = (names, treedef, tuple((type(v), v) for v in values))
+        self.static = static
+        static_names = {n for n, _ in static}
+        self.dynamic = tuple(n for n in names if n not in static_names)
+        self._key = (names, tuple((n, float_key(v)) for n, v in static))
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -88,38 +128,70 @@ class _Static:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Static) and self._key == other._key
 
+    def __repr__(self) -> str:
+        return f"_Static({', '.join(f'{n}={v!r}' for n, v in self.static)})"
 
-def _check_class(cls: Any) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, _RAW_BASES)):
-        kind = (
-            f"an instance of {type(cls).__name__}"
-            if isinstance(cls, _RAW_BASES)
-            else repr(cls)
-        )
+
+def _check_class(cls: Any) -> _Family:
+    family = family_of(cls)
+    if family is None or not (
+        family.is_distribution_class(cls) or family.is_bijector_class(cls)
+    ):
+        if _is_raw(cls):
+            kind = f"an instance of {type(cls).__name__}"
+        elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
+            kind = (
+                f"{cls!r}, a numpyro factory function rather than a class (use the "
+                "class it returns, e.g. `numpyro.distributions.CategoricalLogits` "
+                "for `Categorical(logits=...)`)"
+            )
+        else:
+            kind = repr(cls)
         raise TypeError(
-            f"FixedDistrax expects a distrax or TFP-JAX distribution or bijector "
-            f"class as its first argument, got {kind}. Pass the class and its "
-            "constructor arguments, e.g. "
-            "`FixedDistrax(distrax.Normal, loc, scale)`."
+            "FixedDistrax expects a distrax, TFP-JAX or numpyro distribution or "
+            f"bijector class as its first argument, got {kind}. Pass the class and "
+            "its constructor arguments, e.g. `FixedDistrax(distrax.Normal, loc, "
+            "scale)`."
         )
-    if inspect.isabstract(cls) or cls in _RAW_BASES:
+    reason = family.abstract_reason(cls)
+    if reason is not None:
         raise TypeError(
-            f"FixedDistrax({cls.__name__}): {_qualname(cls)} is abstract and "
-            "cannot be instantiated; pass a concrete subclass."
+            f"FixedDistrax({cls.__name__}): {family.qualname(cls)} {reason}."
         )
+    return family
 
 
-def _check_argument(cls: type, name: str, value: Any) -> None:
+def _check_keywords(
+    family: _Family, cls: type, signature: inspect.Signature, kwargs: Mapping
+) -> None:
+    """Name an unknown keyword before `bind` reports a missing argument instead."""
+    parameters = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    named = [
+        n
+        for n, p in parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    for name in kwargs:
+        if name not in named:
+            raise TypeError(
+                f"FixedDistrax({cls.__name__}): got an unexpected keyword argument "
+                f"{name!r}; {family.qualname(cls)} takes {', '.join(named) or 'none'}."
+            )
+
+
+def _check_argument(family: _Family, cls: type, name: str, value: Any) -> None:
     """Reject constructor arguments that cannot live in a pytree."""
     where = f"FixedDistrax({cls.__name__}): argument `{name}`"
-    for leaf in jtu.tree_leaves(value, is_leaf=lambda x: _is_dynamic(x) or _is_raw(x)):
+    for leaf in jtu.tree_leaves(value, is_leaf=_is_dynamic_or_raw):
         if _is_dynamic(leaf):
             continue
         if _is_raw(leaf):
+            qualname = _families.family_of_instance(leaf).qualname(type(leaf))
             raise TypeError(
-                f"{where} is a raw {_qualname(type(leaf))} instance, whose arrays "
-                "would be hidden from JAX. Wrap it too: "
-                f"`FixedDistrax({_qualname(type(leaf))}, ...)`."
+                f"{where} is a raw {qualname} instance, whose arrays would be hidden "
+                f"from JAX. Wrap it too: `FixedDistrax({qualname}, ...)`."
             )
         try:
             hash(leaf)
@@ -131,44 +203,162 @@ def _check_argument(cls: type, name: str, value: Any) -> None:
             ) from None
 
 
+def _default_float() -> Any:
+    return jnp.result_type(float)  # float32, or float64 with jax_enable_x64
+
+
+def _floats_to_arrays(value: Any) -> Any:
+    """Python floats become arrays of the default float dtype (not weakly typed)."""
+    if type(value) is float:
+        return jnp.asarray(value, _default_float())
+    if eqx.is_array(value) or _is_wrapper(value):
+        return value
+    return jtu.tree_map(
+        lambda x: jnp.asarray(x, _default_float()) if type(x) is float else x,
+        value,
+        is_leaf=_is_dynamic,
+    )
+
+
+def _has_dynamic(value: Any) -> bool:
+    return any(map(_is_dynamic, jtu.tree_leaves(value, is_leaf=_is_dynamic)))
+
+
+def _hide_static(value: Any) -> Any:
+    if _is_dynamic(value):
+        return value
+    return jtu.tree_map(
+        lambda x: x if _is_dynamic(x) else _Const(x), value, is_leaf=_is_dynamic
+    )
+
+
+def _is_const_or_wrapper(x: Any) -> bool:
+    return isinstance(x, (_Const, FixedDistrax))
+
+
+def _show(value: Any) -> Any:
+    """A dynamic field's value as given (static parts unhidden)."""
+    if isinstance(value, (jax.Array, np.ndarray, FixedDistrax)):
+        return value
+    return jtu.tree_map(
+        lambda x: x.value if isinstance(x, _Const) else x,
+        value,
+        is_leaf=_is_const_or_wrapper,
+    )
+
+
+_SUBCLASSES: dict[tuple[str, ...], type] = {}
+_SUBCLASSES_LOCK = threading.Lock()
+
+
+def _subclass(dynamic: tuple[str, ...]) -> type:
+    """The `FixedDistrax` subclass whose fields are the dynamic arguments, by name.
+
+    Equinox derives key paths from field names, so a field per argument makes
+    `jax.tree_util.tree_flatten_with_path` show `.loc` rather than an index. One
+    class per set of names, also when several threads ask at once (two classes
+    would give equal wrappers unequal tree structures).
+    """
+    sub = _SUBCLASSES.get(dynamic)
+    if sub is None:
+        with _SUBCLASSES_LOCK:
+            sub = _SUBCLASSES.get(dynamic)
+            if sub is None:
+                sub = _SUBCLASSES[dynamic] = _new_subclass(dynamic)
+    return sub
+
+
+def _new_subclass(dynamic: tuple[str, ...]) -> type:
+    namespace = {
+        "__annotations__": dict.fromkeys(dynamic, Any),
+        "__module__": __name__,
+        "__qualname__": "FixedDistrax",
+        "__doc__": FixedDistrax.__doc__,
+    }
+    return type(FixedDistrax)("FixedDistrax", (FixedDistrax,), namespace)
+
+
+def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistrax:
+    """A wrapper from its parts, without calling or checking anything."""
+    self = object.__new__(_subclass(static.dynamic))
+    object.__setattr__(self, "cls", cls)
+    object.__setattr__(self, "_static", static)
+    for name in static.dynamic:
+        object.__setattr__(self, name, dynamic[name])
+    return self
+
+
+class _CheapMethod:
+    """A method whose bound form is a `jax.tree_util.Partial` (itself a PyTree).
+
+    Equinox turns every bound method of a Module into a `BoundMethod` Module at
+    each attribute access, which costs about 20 µs per eager call; a `Partial` is
+    just as usable as a PyTree (e.g. passed through `jax.jit`) and costs 3 µs.
+    """
+
+    def __init__(self, function: Any):
+        self.function = function
+        functools.update_wrapper(self, function)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self.function
+        return jtu.Partial(self.function, instance)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.__name__ = name
+
+
+_cheap_method = _CheapMethod
+
+
 class FixedDistrax(eqx.Module):
-    """A distrax or TFP-JAX distribution or bijector as a proper PyTree.
+    """A distrax, TFP-JAX or numpyro distribution or bijector as a proper PyTree.
 
     Holds the class (static) and its constructor arguments, and builds the
     underlying object afresh at every method call, which costs nothing after
-    `jax.jit`. The leaves are exactly the array arguments given, so
-    `eqx.filter_grad`, `eqx.partition`/`eqx.combine`, `eqx.tree_at`, `jax.jit`,
-    `jax.vmap`, `lax.scan`, serialisation and optax all work.
+    `jax.jit`. The leaves are exactly the array arguments, each in a field named
+    after its constructor parameter, so `eqx.filter_grad`, `eqx.partition` /
+    `eqx.combine`, `eqx.tree_at(lambda d: d.loc, ...)`, `jax.jit`, `jax.vmap`,
+    `lax.scan`, serialisation and optax all work, and key paths read `.loc`.
 
     Arguments are split as follows:
 
     - arrays (JAX or NumPy) and nested `FixedDistrax` objects, also inside lists,
       tuples and dicts, are leaves;
-    - everything else (Python ints, floats, bools, strings, `None`, dtypes,
-      callables) is static and compared by value, so an equal wrapper built
-      separately does not recompile. **Python floats are static too**, as in
-      `eqx.filter_jit`: they are neither differentiated nor trained, and a different
-      value compiles anew. Pass `jnp.asarray(1.0)` for a trainable parameter.
+    - **Python floats become arrays** of the default float dtype (float32, or
+      float64 with `jax_enable_x64`), as distrax itself converts them: they are
+      trained, saved and loaded like any parameter. The few arguments a class
+      branches on in Python stay static floats (see the "supported families"
+      page, e.g. `distrax.RationalQuadraticSpline`'s `range_min`);
+    - everything else (Python ints, bools, strings, `None`, dtypes, callables) is
+      static and compared by value and type, so an equal wrapper built separately
+      does not recompile.
 
     Distributions forward `log_prob`, `prob`, `sample`, `sample_and_log_prob`,
     `mean`, `mode`, `variance`, `stddev`, `entropy`, `cdf`, `log_cdf`,
-    `kl_divergence`, `cross_entropy`, `batch_shape`, `event_shape` and `dtype`.
-    Bijectors forward `forward`, `inverse`, `forward_and_log_det`,
+    `kl_divergence`, `cross_entropy`, `batch_shape`, `event_shape` (tuples) and
+    `dtype`. Bijectors forward `forward`, `inverse`, `forward_and_log_det`,
     `inverse_and_log_det`, `forward_log_det_jacobian`, `inverse_log_det_jacobian`
-    and `__call__` (= `forward`), with one method set for distrax and TFP alike.
-    Constructor arguments are readable by name (`dist.loc`, also inside
-    `eqx.tree_at`); any other attribute falls through to the instantiated object.
+    and `__call__` (= `forward`): one method set for distrax, TFP and numpyro
+    alike (for numpyro, `mean` is a method as elsewhere and `sample` takes
+    `seed=`). Any other attribute falls through to the instantiated object; a
+    method of it that returns a raw distribution or bijector (numpyro's
+    `to_event`, say) returns it wrapped.
+
+    No call mutates process-wide state, so wrappers may be used from several
+    threads at once (see `eqxprob/_families.py` on TFP's bijector cache).
 
     **Arguments:**
 
-    - `cls`: a concrete distrax or TFP-JAX distribution or bijector class.
+    - `cls`: a concrete distrax, TFP-JAX or numpyro distribution or bijector class.
     - `*args`, `**kwargs`: its constructor arguments.
 
     **Raises:**
 
-    `TypeError` if `cls` is not such a class or an argument can be neither a leaf
-    nor static; `TypeError`/`ValueError` naming the class if it rejects the
-    arguments (checked by building it once at construction).
+    `TypeError` if `cls` is not such a class, a keyword is unknown, or an argument
+    can be neither a leaf nor static; `TypeError`/`ValueError` naming the class if
+    it rejects the arguments (checked by building it once at construction).
 
     **Example:**
 
@@ -185,53 +375,138 @@ class FixedDistrax(eqx.Module):
     """
 
     cls: type = eqx.field(static=True)
-    _leaves: tuple[Any, ...]
     _static: _Static = eqx.field(static=True)
 
     def __init__(self, cls: type, *args: Any, **kwargs: Any):
-        _check_class(cls)
+        family = _check_class(cls)
+        signature = family.signature(cls)
+        _check_keywords(family, cls, signature, kwargs)
         try:
-            bound = _signature(cls).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as e:
             raise TypeError(f"FixedDistrax({cls.__name__}): {e}") from None
         arguments = dict(bound.arguments)
         for name, value in arguments.items():
-            _check_argument(cls, name, value)
-        # Flatten the values in signature order (a dict would be sorted by key).
-        leaves, treedef = jtu.tree_flatten(
-            list(arguments.values()), is_leaf=_is_dynamic
-        )
-        self.cls = cls
-        self._leaves = tuple(x if _is_dynamic(x) else None for x in leaves)
-        self._static = _Static(
+            _check_argument(family, cls, name, value)
+        keep = family.static_floats(cls)
+        arguments = {
+            n: v if n in keep else _floats_to_arrays(v) for n, v in arguments.items()
+        }
+        arguments = family.prepare(cls, arguments)
+        dynamic = {n: _hide_static(v) for n, v in arguments.items() if _has_dynamic(v)}
+        for name in dynamic:
+            if name in _RESERVED:
+                raise TypeError(
+                    f"FixedDistrax({cls.__name__}): the array argument `{name}` has "
+                    "the name of a FixedDistrax attribute, so it cannot be a field. "
+                    "Please report this at the eqxprob issue tracker."
+                )
+        static = _Static(
             tuple(arguments),
-            treedef,
-            tuple(None if _is_dynamic(x) else x for x in leaves),
+            tuple((n, v) for n, v in arguments.items() if n not in dynamic),
         )
+        # The instance becomes one of the subclass whose fields are the dynamic
+        # arguments (same layout: a plain `__dict__`), before any field is set.
+        object.__setattr__(self, "__class__", _subclass(static.dynamic))
+        object.__setattr__(self, "cls", cls)
+        object.__setattr__(self, "_static", static)
+        for name, value in dynamic.items():
+            object.__setattr__(self, name, value)
         try:
-            obj = self.instantiate()
-            if self.is_distribution:  # distrax broadcasts lazily: force the check
-                _ = (obj.batch_shape, obj.event_shape)
+            family.check_built(self.instantiate())
         except Exception as e:
             message = (
-                f"FixedDistrax({cls.__name__}): {_qualname(cls)} rejected the "
-                f"arguments ({', '.join(_items(arguments))}): {e}"
+                f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "
+                f"arguments ({', '.join(_items(self.arguments))}): {e}"
             )
+            if any(v is None or type(v) is int for v in arguments.values()):
+                message += (
+                    " (If this is meant as a prefix tree such as `jax.vmap`'s "
+                    f"`in_axes`, build it with `FixedDistrax.spec({cls.__name__}, "
+                    "...)`, which does not call the class.)"
+                )
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
             raise error(message) from e
 
-    # --- constructor arguments ------------------------------------------------
+    # --- structure without construction -----------------------------------
+
+    @classmethod
+    def spec(
+        cls_,
+        cls: type,
+        *args: Any,
+        static_arguments: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> FixedDistrax:
+        """A prefix PyTree (e.g. `jax.vmap`'s `in_axes`) for wrappers of `cls`.
+
+        Builds a `FixedDistrax` node with the structure of `FixedDistrax(cls, ...)`
+        without calling `cls`: each argument given here holds the prefix value
+        for that argument (an axis, `None`, a nested `spec`...). Give every
+        argument the real wrapper has; those that are static there (ints, strings,
+        bools such as `reinterpreted_batch_ndims=1`) go in `static_arguments`,
+        with their real values.
+
+        **Arguments:**
+
+        - `cls`: the wrapped class.
+        - `*args`, `**kwargs`: prefix values for its array arguments, by position
+          or name.
+        - `static_arguments`: the static arguments of the real wrapper.
+
+        **Returns:**
+
+        A `FixedDistrax` usable as a prefix of wrappers of `cls`.
+
+        **Example:**
+
+        ```python
+        import distrax
+        import jax
+        import jax.numpy as jnp
+        import eqxprob as ep
+
+        dist = ep.FixedDistrax(distrax.Normal, jnp.arange(3.0), jnp.array(1.0))
+        in_axes = ep.FixedDistrax.spec(distrax.Normal, 0, None)
+        values = jax.vmap(lambda d: d.log_prob(0.0), in_axes=(in_axes,))(dist)
+        assert values.shape == (3,)
+        ```
+        """
+        family = _check_class(cls)
+        signature = family.signature(cls)
+        static_arguments = dict(static_arguments or {})
+        _check_keywords(family, cls, signature, {**kwargs, **static_arguments})
+        try:
+            bound = signature.bind_partial(*args, **kwargs, **static_arguments)
+        except TypeError as e:
+            raise TypeError(f"FixedDistrax.spec({cls.__name__}): {e}") from None
+        arguments = dict(bound.arguments)
+        static = _Static(
+            tuple(arguments),
+            tuple((n, v) for n, v in arguments.items() if n in static_arguments),
+        )
+        return _make(cls, static, {n: arguments[n] for n in static.dynamic})
+
+    # --- constructor arguments ---------------------------------------------
 
     @property
     def arguments(self) -> dict[str, Any]:
         """The constructor arguments by parameter name (nested wrappers kept)."""
         static = self._static
-        leaves = [d if s is None else s for d, s in zip(self._leaves, static.values)]
-        values = jtu.tree_unflatten(static.treedef, leaves)
-        return dict(zip(static.names, values))
+        values = dict(static.static)
+        d = self.__dict__
+        for name in static.dynamic:
+            values[name] = _show(d[name])
+        return {name: values[name] for name in static.names}
 
+    @property
+    def family(self) -> _Family:
+        """The adapter of the wrapped class's library (private API)."""
+        return _family(self.cls)
+
+    @_cheap_method
     def instantiate(self) -> Any:
-        """Build the underlying distrax/TFP object, unwrapping nested wrappers.
+        """Build the underlying distrax/TFP/numpyro object, unwrapping nested wrappers.
 
         **Example:**
 
@@ -244,95 +519,127 @@ class FixedDistrax(eqx.Module):
         assert isinstance(raw.instantiate(), distrax.Normal)
         ```
         """
-        arguments = jtu.tree_map(_unwrap, self.arguments, is_leaf=_is_wrapper)
-        bound = inspect.BoundArguments(_signature(self.cls), arguments)
-        return self.cls(*bound.args, **bound.kwargs)
+        return _build(self, False)
 
     def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails: first the constructor arguments
-        # (so `eqx.tree_at(lambda d: d.loc, ...)` works), then the built object.
-        if name.startswith("__") or name in ("cls", "_leaves", "_static"):
+        # Only called when normal lookup fails: first the static constructor
+        # arguments, then the built object.
+        if name.startswith("__") or name in ("cls", "_static"):
             raise AttributeError(name)
-        arguments = self.arguments
-        if name in arguments:
-            return arguments[name]
-        return getattr(self.instantiate(), name)
+        d = self.__dict__
+        if "_static" not in d:
+            raise AttributeError(name)
+        for arg, value in d["_static"].static:
+            if arg == name:
+                if _probed_by_tree_at(self):
+                    raise TypeError(_static_message(self, name, value))
+                return value
+        fresh_arrays = _caches(self)
+        attribute = getattr(_build(self, fresh_arrays), name)
+        if inspect.ismethod(attribute):
+            return functools.partial(_call_through, attribute, fresh_arrays)
+        return attribute
 
     def __repr__(self) -> str:
         return (
             f"FixedDistrax({', '.join([self.cls.__name__, *_items(self.arguments)])})"
         )
 
+    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc:
+        """`Normal(loc=f32[3], scale=f32[3])` inside `eqx.tree_pformat` & co."""
+        return wl.bracketed(
+            begin=wl.TextDoc(f"{self.cls.__name__}("),
+            docs=wl.named_objs(self.arguments.items(), **kwargs),
+            sep=wl.comma,
+            end=wl.TextDoc(")"),
+            indent=kwargs.get("indent", 2),
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        dynamic = {n: self.__dict__[n] for n in self._static.dynamic}
+        return _make, (self.cls, self._static, dynamic)
+
     @property
     def is_distribution(self) -> bool:
         """Whether the wrapped class is a distribution (else a bijector)."""
-        return issubclass(self.cls, _DISTRIBUTION_BASES)
+        return _is_distribution_class(self.cls)
 
     # --- distributions --------------------------------------------------------
 
+    @_cheap_method
     def log_prob(self, value: Any) -> Any:
         """Log density (or mass) of `value`."""
         return _call(self, True, "log_prob", _unwrap(value))
 
+    @_cheap_method
     def prob(self, value: Any) -> Any:
         """Density (or mass) of `value`."""
         return _call(self, True, "prob", _unwrap(value))
 
+    @_cheap_method
     def cdf(self, value: Any) -> Any:
         """Cumulative distribution function at `value`."""
         return _call(self, True, "cdf", value)
 
+    @_cheap_method
     def log_cdf(self, value: Any) -> Any:
         """Log of the cumulative distribution function at `value`."""
         return _call(self, True, "log_cdf", value)
 
+    @_cheap_method
     def sample(self, *, seed: Any, sample_shape: Any = ()) -> Any:
         """Draw samples of shape `sample_shape + batch_shape + event_shape`."""
-        return _call(self, True, "sample", seed=seed, sample_shape=sample_shape)
+        return _call_keyed(self, "sample", seed, sample_shape)
 
+    @_cheap_method
     def sample_and_log_prob(self, *, seed: Any, sample_shape: Any = ()) -> Any:
         """Draw samples and return `(samples, log_prob(samples))`."""
-        return _call(
-            self, True, "sample_and_log_prob", seed=seed, sample_shape=sample_shape
-        )
+        return _call_keyed(self, "sample_and_log_prob", seed, sample_shape)
 
+    @_cheap_method
     def mean(self) -> Any:
         """The mean."""
         return _call(self, True, "mean")
 
+    @_cheap_method
     def mode(self) -> Any:
         """The mode."""
         return _call(self, True, "mode")
 
+    @_cheap_method
     def variance(self) -> Any:
         """The variance."""
         return _call(self, True, "variance")
 
+    @_cheap_method
     def stddev(self) -> Any:
         """The standard deviation."""
         return _call(self, True, "stddev")
 
+    @_cheap_method
     def entropy(self) -> Any:
         """The (differential) entropy."""
         return _call(self, True, "entropy")
 
+    @_cheap_method
     def kl_divergence(self, other: Any) -> Any:
         """KL(self || other); `other` may be wrapped or raw."""
-        return _call(self, True, "kl_divergence", _unwrap(other))
+        return _call(self, True, "kl_divergence", other)
 
+    @_cheap_method
     def cross_entropy(self, other: Any) -> Any:
         """Cross entropy of `other` relative to self; `other` may be wrapped."""
-        return _call(self, True, "cross_entropy", _unwrap(other))
+        return _call(self, True, "cross_entropy", other)
 
     @property
     def batch_shape(self) -> Any:
-        """The batch shape, as a tuple for both distrax and TFP."""
-        return _as_tuple(_get(self, "batch_shape"))
+        """The batch shape, as a tuple for every family."""
+        return _get(self, "batch_shape")
 
     @property
     def event_shape(self) -> Any:
-        """The event shape, as a tuple for both distrax and TFP."""
-        return _as_tuple(_get(self, "event_shape"))
+        """The event shape, as a tuple for every family."""
+        return _get(self, "event_shape")
 
     @property
     def dtype(self) -> Any:
@@ -341,28 +648,34 @@ class FixedDistrax(eqx.Module):
 
     # --- bijectors ------------------------------------------------------------
 
+    @_cheap_method
     def forward(self, x: Any) -> Any:
         """y = f(x)."""
         return _call(self, False, "forward", x)
 
+    @_cheap_method
     def inverse(self, y: Any) -> Any:
         """x = f⁻¹(y)."""
         return _call(self, False, "inverse", y)
 
+    @_cheap_method
     def forward_log_det_jacobian(self, x: Any) -> Any:
         """log|det J(f)(x)| (elementwise for scalar bijectors)."""
         return _call(self, False, "forward_log_det_jacobian", x)
 
+    @_cheap_method
     def inverse_log_det_jacobian(self, y: Any) -> Any:
         """log|det J(f⁻¹)(y)| (elementwise for scalar bijectors)."""
         return _call(self, False, "inverse_log_det_jacobian", y)
 
+    @_cheap_method
     def forward_and_log_det(self, x: Any) -> tuple[Any, Any]:
-        """`(f(x), log|det J(f)(x)|)`, also for TFP bijectors."""
+        """`(f(x), log|det J(f)(x)|)`, for every family."""
         return _call(self, False, "forward_and_log_det", x)
 
+    @_cheap_method
     def inverse_and_log_det(self, y: Any) -> tuple[Any, Any]:
-        """`(f⁻¹(y), log|det J(f⁻¹)(y)|)`, also for TFP bijectors."""
+        """`(f⁻¹(y), log|det J(f⁻¹)(y)|)`, for every family."""
         return _call(self, False, "inverse_and_log_det", y)
 
     def __call__(self, x: Any) -> Any:
@@ -370,41 +683,96 @@ class FixedDistrax(eqx.Module):
         return _call(self, False, "forward", x)
 
 
-# What distrax has and TFP lacks, written with TFP's own methods.
-_TFP_FALLBACKS: dict[str, Callable[..., Any]] = {
-    "sample_and_log_prob": lambda d, *, seed, sample_shape=(): (
-        d.experimental_sample_and_log_prob(sample_shape=sample_shape, seed=seed)
-    ),
-    "forward_and_log_det": lambda b, x: (b.forward(x), b.forward_log_det_jacobian(x)),
-    "inverse_and_log_det": lambda b, y: (b.inverse(y), b.inverse_log_det_jacobian(y)),
-}
-
-
-@contextlib.contextmanager
-def _scoped_bijector_cache() -> Iterator[None]:
-    """Give TFP's global bijector cache a fresh store for the duration of a call.
-
-    TFP caches `forward`/`inverse` results keyed by the input object and by the
-    bijector's *parameters*, in one store shared by all instances. On JAX, a call
-    traced under `jit`/`scan` then leaves tracers in that store, and a later call
-    with an equal bijector and the same concrete input returns a leaked tracer
-    (`UnexpectedTracerError`). Scoping the store to one wrapper call keeps the
-    cache's benefit within the call and drops it afterwards.
-    """
-    cache = vars(tfb.Bijector)["_cache"]  # the descriptor, not a bound copy
-    saved = cache.storage
-    cache.storage = type(saved)()
-    try:
-        yield
-    finally:
-        cache.storage = saved
+_RESERVED = frozenset(dir(FixedDistrax)) | {"family"}
 
 
 # Module-level rather than methods: Equinox wraps every bound method of a Module
 # in a Module of its own, which costs microseconds per eager call.
-def _build(wrapper: FixedDistrax, distribution: bool, method: str) -> Any:
-    """Instantiate `wrapper`, checking it is of the family `method` belongs to."""
-    if wrapper.is_distribution != distribution:
+
+
+def _probed_by_tree_at(wrapper: FixedDistrax) -> bool:
+    """Whether `eqx.tree_at` is calling its `where` on `wrapper` (its leaves are then
+    Equinox's private `equinox._tree._LeafWrapper`s; pinned by a test)."""
+    return any(
+        type(x).__name__ == "_LeafWrapper" and type(x).__module__ == "equinox._tree"
+        for x in jtu.tree_leaves(wrapper)
+    )
+
+
+def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
+    family = _family(wrapper.cls)
+    what = f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r}"
+    if type(value) is float:
+        why = (
+            f"is a static Python float ({family.qualname(wrapper.cls)} branches on "
+            "it in Python, so it is not converted to an array leaf)"
+        )
+        fix = (
+            "Build a new wrapper with the new value. (Other Python floats are "
+            "leaves already; to make a value trainable elsewhere, pass it as "
+            "`jnp.asarray(...)`.)"
+        )
+    else:
+        why = f"is static (a {type(value).__name__}, part of the structure)"
+        fix = (
+            "Build a new wrapper with the new value, or pass an array, e.g. "
+            "`jnp.asarray(...)`, if it is a parameter."
+        )
+    return f"{what} {why}, not a leaf, so `eqx.tree_at` cannot replace it. {fix}"
+
+
+def _caches(wrapper: FixedDistrax) -> bool:
+    """Whether `wrapper` builds any object of a family that caches by identity."""
+    if _family(wrapper.cls).caches_by_identity:
+        return True
+    d = wrapper.__dict__
+    for name in wrapper._static.dynamic:
+        value = d[name]
+        if isinstance(value, jax.Array):
+            continue
+        for leaf in jtu.tree_leaves(value, is_leaf=_is_wrapper):
+            if _is_wrapper(leaf) and _caches(leaf):
+                return True
+    return False
+
+
+def _build(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
+    """Instantiate `wrapper`; with `fresh_arrays`, every array is a fresh reference."""
+    static = wrapper._static
+    cls = wrapper.cls
+    d = wrapper.__dict__
+    values = dict(static.static)
+    for name in static.dynamic:
+        value = d[name]
+        if isinstance(value, FixedDistrax):
+            value = _build(value, fresh_arrays)
+        elif isinstance(value, jax.Array):
+            if fresh_arrays:
+                value = fresh(value)
+        elif not isinstance(value, np.ndarray):
+            value = jtu.tree_map(
+                lambda x: (
+                    _build(x, fresh_arrays)
+                    if isinstance(x, FixedDistrax)
+                    else x.value
+                    if isinstance(x, _Const)
+                    else fresh(x)
+                    if fresh_arrays
+                    else x
+                ),
+                value,
+                is_leaf=_is_const_or_wrapper,
+            )
+        values[name] = value
+    if _keyword_only_call(cls):
+        return cls(**values)
+    ordered = {name: values[name] for name in static.names}
+    bound = inspect.BoundArguments(_family(cls).signature(cls), ordered)
+    return cls(*bound.args, **bound.kwargs)
+
+
+def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
+    if _is_distribution_class(wrapper.cls) != distribution:
         kind, other = (
             ("bijector", "distribution")
             if distribution
@@ -414,35 +782,49 @@ def _build(wrapper: FixedDistrax, distribution: bool, method: str) -> Any:
             f"FixedDistrax({wrapper.cls.__name__}) wraps a {kind}; `{method}` is "
             f"only available on a wrapped {other}."
         )
-    return wrapper.instantiate()
 
 
-def _call(
-    wrapper: FixedDistrax, distribution: bool, method: str, *args: Any, **kwargs: Any
-) -> Any:
-    """Instantiate `wrapper` and call `method` on the result."""
-    with _scoped_bijector_cache():
-        obj = _build(wrapper, distribution, method)
-        if not hasattr(obj, method):  # TFP lacks a few of distrax's methods
-            return _TFP_FALLBACKS[method](obj, *args, **kwargs)
-        return getattr(obj, method)(*args, **kwargs)
+def _call(wrapper: FixedDistrax, distribution: bool, method: str, *args: Any) -> Any:
+    """Instantiate `wrapper` and call the uniform `method` on the result."""
+    _check_kind(wrapper, distribution, method)
+    fresh_arrays = _caches(wrapper)
+    obj = _build(wrapper, fresh_arrays)
+    if fresh_arrays:
+        args = tuple(_build(a, True) if _is_wrapper(a) else fresh_tree(a) for a in args)
+    else:
+        args = tuple(_build(a, False) if _is_wrapper(a) else a for a in args)
+    return _family(wrapper.cls).call(obj, method, *args)
+
+
+def _call_keyed(wrapper: FixedDistrax, method: str, seed: Any, shape: Any) -> Any:
+    _check_kind(wrapper, True, method)
+    obj = _build(wrapper, _caches(wrapper))
+    return _family(wrapper.cls).call(obj, method, seed=seed, sample_shape=shape)
 
 
 def _get(wrapper: FixedDistrax, name: str) -> Any:
     """Instantiate a wrapped distribution and read its property `name`."""
-    with _scoped_bijector_cache():
-        return getattr(_build(wrapper, True, name), name)
+    _check_kind(wrapper, True, name)
+    obj = _build(wrapper, _caches(wrapper))
+    return _family(wrapper.cls).get(obj, name)
+
+
+def _call_through(method: Any, fresh_arrays: bool, *args: Any, **kwargs: Any) -> Any:
+    """Call a fallen-through method; wrap a raw distribution or bijector it returns."""
+    if fresh_arrays:
+        args, kwargs = fresh_tree((args, kwargs))
+    out = method(*args, **kwargs)
+    if _is_raw(out):
+        try:
+            return _families.wrap_instance(out)
+        except TypeError:
+            return out
+    return out
 
 
 def _unwrap(x: Any) -> Any:
     """Instantiate `x` if it is a wrapper (recursively through its arguments)."""
     return x.instantiate() if _is_wrapper(x) else x
-
-
-def _as_tuple(shape: Any) -> Any:
-    if isinstance(shape, tfp.tf2jax.TensorShape):
-        return tuple(shape.as_list())
-    return shape
 
 
 def _format(value: Any) -> str:

@@ -1,9 +1,9 @@
 """Constructors for the conformance matrix: every constructible distrax class plus a
-selection of TFP-JAX distributions and bijectors, nested ones included.
+selection of TFP-JAX and numpyro distributions and bijectors, nested ones included.
 
 Each case builds its object from a dict of arrays through a `W(cls, *args, **kwargs)`
-callable: `W = FixedDistrax` gives the wrapper, `W = RAW` the raw distrax/TFP object
-built from the very same arrays, which is the independent reference.
+callable: `W = FixedDistrax` gives the wrapper, `W = RAW` the raw distrax/TFP/numpyro
+object built from the very same arrays, which is the independent reference.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 import distrax
 import jax
 import jax.numpy as jnp
+import numpyro.distributions as nd
+import numpyro.distributions.transforms as nt
 from tensorflow_probability.substrates import jax as tfp
 
 
@@ -124,7 +126,9 @@ DISTRAX: dict[str, Case] = {
     ),
     "Dirichlet": _dist(lambda p, W: W(distrax.Dirichlet, p["c"]), c=_vec(3, 1.5)),
     "EpsilonGreedy": _dist(
-        lambda p, W: W(distrax.EpsilonGreedy, p["q"], 0.1), q=a(0.1, 0.7, 0.3)
+        lambda p, W: W(distrax.EpsilonGreedy, p["q"], p["e"]),
+        q=a(0.1, 0.7, 0.3),
+        e=a(0.1),
     ),
     "Gamma": _dist(
         lambda p, W: W(distrax.Gamma, p["c"], p["r"]), c=_vec(3, 1.5), r=_vec(3, 1.0)
@@ -271,7 +275,9 @@ DISTRAX: dict[str, Case] = {
     "Shift": _bij(lambda p, W: W(distrax.Shift, p["s"]), s=_vec()),
     "Sigmoid": _bij(lambda p, W: W(distrax.Sigmoid)),
     "Softmax": _dist(
-        lambda p, W: W(distrax.Softmax, p["l"], temperature=0.5), l=_vec(4)
+        lambda p, W: W(distrax.Softmax, p["l"], temperature=p["t"]),
+        l=_vec(4),
+        t=a(0.5),
     ),
     "SplitCoupling": _bij(
         lambda p, W: W(distrax.SplitCoupling, 2, 1, _conditioner, _affine_from_params),
@@ -426,7 +432,214 @@ TFP_BIJECTORS: dict[str, Case] = {
     ),
 }
 
-CASES: dict[str, Case] = {**DISTRAX, **TFP_DISTRIBUTIONS, **TFP_BIJECTORS}
+
+def _nd(name: str, make, **params) -> tuple[str, Case]:
+    return f"nd.{name}", _dist(make, **params)
+
+
+def _nt(name: str, make, x=_X3, **params) -> tuple[str, Case]:
+    return f"nt.{name}", _bij(make, x, **params)
+
+
+NUMPYRO_DISTRIBUTIONS: dict[str, Case] = dict(
+    [
+        _nd(
+            "Normal",
+            lambda p, W: W(nd.Normal, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "LogNormal",
+            lambda p, W: W(nd.LogNormal, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "Gamma",
+            lambda p, W: W(nd.Gamma, p["c"], rate=p["r"]),
+            c=_vec(3, 1.5),
+            r=_vec(3, 1.0),
+        ),
+        _nd(
+            "InverseGamma",
+            lambda p, W: W(nd.InverseGamma, p["c"], p["r"]),
+            c=_vec(3, 1.5),
+            r=_vec(3, 1.0),
+        ),
+        _nd(
+            "Beta",
+            lambda p, W: W(nd.Beta, p["a"], p["b"]),
+            a=_vec(3, 1.5),
+            b=_vec(3, 2.0),
+        ),
+        _nd("Exponential", lambda p, W: W(nd.Exponential, p["r"]), r=_vec()),
+        _nd(
+            "StudentT",
+            lambda p, W: W(nd.StudentT, p["df"], p["m"], p["s"]),
+            df=_vec(3, 3.0),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "Cauchy",
+            lambda p, W: W(nd.Cauchy, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "Laplace",
+            lambda p, W: W(nd.Laplace, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "Logistic",
+            lambda p, W: W(nd.Logistic, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "Gumbel",
+            lambda p, W: W(nd.Gumbel, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd("HalfNormal", lambda p, W: W(nd.HalfNormal, p["s"]), s=_vec(3, 1.0)),
+        _nd("HalfCauchy", lambda p, W: W(nd.HalfCauchy, p["s"]), s=_vec(3, 1.0)),
+        _nd("Chi2", lambda p, W: W(nd.Chi2, p["df"]), df=_vec(3, 2.0)),
+        _nd(
+            "Weibull",
+            lambda p, W: W(nd.Weibull, p["s"], p["k"]),
+            s=_vec(3, 1.0),
+            k=_vec(3, 1.5),
+        ),
+        _nd(
+            "Pareto",
+            lambda p, W: W(nd.Pareto, p["s"], p["a"]),
+            s=_vec(3, 1.0),
+            a=_vec(3, 2.0),
+        ),
+        _nd(
+            "Uniform",
+            lambda p, W: W(nd.Uniform, p["lo"], p["hi"]),
+            lo=_vec(3, -1.0),
+            hi=_vec(3, 2.0),
+        ),
+        _nd(
+            "VonMises",
+            lambda p, W: W(nd.VonMises, p["m"], p["c"]),
+            m=_vec(),
+            c=_vec(3, 1.0),
+        ),
+        _nd("Poisson", lambda p, W: W(nd.Poisson, p["r"]), r=_vec(3, 1.0)),
+        _nd("BernoulliLogits", lambda p, W: W(nd.BernoulliLogits, p["l"]), l=_vec()),
+        _nd(
+            "BinomialLogits",
+            lambda p, W: W(nd.BinomialLogits, p["l"], total_count=5),
+            l=_vec(),
+        ),
+        _nd(
+            "CategoricalLogits", lambda p, W: W(nd.CategoricalLogits, p["l"]), l=_vec(4)
+        ),
+        _nd("Dirichlet", lambda p, W: W(nd.Dirichlet, p["c"]), c=_vec(3, 1.5)),
+        _nd(
+            "MultivariateNormal",
+            lambda p, W: W(nd.MultivariateNormal, p["m"], scale_tril=p["t"]),
+            m=_vec(),
+            t=_TRIL,
+        ),
+        _nd(
+            "LowRankMultivariateNormal",
+            lambda p, W: W(nd.LowRankMultivariateNormal, p["m"], p["u"], p["d"]),
+            m=_vec(),
+            u=0.1 * jnp.ones((3, 2)),
+            d=_vec(3, 1.0),
+        ),
+        _nd(
+            "Independent",
+            lambda p, W: W(nd.Independent, W(nd.Normal, p["m"], p["s"]), 1),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nd(
+            "TransformedDistribution",
+            lambda p, W: W(
+                nd.TransformedDistribution,
+                W(nd.Normal, p["m"], p["s"]),
+                [W(nt.AffineTransform, p["c"], p["k"]), W(nt.ExpTransform)],
+            ),
+            m=_vec(),
+            s=_vec(3, 1.0),
+            c=a(0.5),
+            k=a(2.0),
+        ),
+        _nd(
+            "MixtureSameFamily",
+            lambda p, W: W(
+                nd.MixtureSameFamily,
+                W(nd.CategoricalLogits, p["l"]),
+                W(nd.Normal, p["m"], p["s"]),
+            ),
+            l=_vec(3),
+            m=_vec(3, -1.0, 1.0),
+            s=_vec(3, 0.5),
+        ),
+        _nd(
+            "ExpandedDistribution",
+            lambda p, W: W(
+                nd.ExpandedDistribution, W(nd.Normal, p["m"], p["s"]), (2, 3)
+            ),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+    ]
+)
+
+NUMPYRO_TRANSFORMS: dict[str, Case] = dict(
+    [
+        _nt("ExpTransform", lambda p, W: W(nt.ExpTransform)),
+        _nt(
+            "AffineTransform",
+            lambda p, W: W(nt.AffineTransform, p["m"], p["s"]),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+        _nt("SigmoidTransform", lambda p, W: W(nt.SigmoidTransform)),
+        _nt("SoftplusTransform", lambda p, W: W(nt.SoftplusTransform)),
+        _nt(
+            "PowerTransform",
+            lambda p, W: W(nt.PowerTransform, p["e"]),
+            x=_vec(3, 0.5),
+            e=_vec(3, 1.5),
+        ),
+        _nt("StickBreakingTransform", lambda p, W: W(nt.StickBreakingTransform)),
+        _nt(
+            "LowerCholeskyTransform",
+            lambda p, W: W(nt.LowerCholeskyTransform),
+            x=_vec(6, -0.5, 0.2),
+        ),
+        _nt("CorrCholeskyTransform", lambda p, W: W(nt.CorrCholeskyTransform)),
+        _nt("OrderedTransform", lambda p, W: W(nt.OrderedTransform)),
+        _nt(
+            "ComposeTransform",
+            lambda p, W: W(
+                nt.ComposeTransform,
+                [W(nt.AffineTransform, p["m"], p["s"]), W(nt.ExpTransform)],
+            ),
+            m=_vec(),
+            s=_vec(3, 1.0),
+        ),
+    ]
+)
+
+CASES: dict[str, Case] = {
+    **DISTRAX,
+    **TFP_DISTRIBUTIONS,
+    **TFP_BIJECTORS,
+    **NUMPYRO_DISTRIBUTIONS,
+    **NUMPYRO_TRANSFORMS,
+}
 
 # Public distrax names that are not constructible distributions or bijectors.
 DISTRAX_NOT_CONSTRUCTIBLE = {

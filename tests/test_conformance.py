@@ -1,6 +1,8 @@
 """The conformance matrix: every case in `_cases.CASES` against every PyTree operation.
 
-The reference is always the raw distrax/TFP object built from the same arrays.
+The reference is always the raw distrax/TFP/numpyro object built from the same arrays,
+called through its own library's API (numpyro: `t(x)`, `log_abs_det_jacobian`,
+`sample(key, shape)`).
 """
 
 import functools
@@ -12,8 +14,18 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import numpyro.distributions as nd
 import pytest
-from _cases import CASES, DISTRAX, DISTRAX_NOT_CONSTRUCTIBLE, RAW, TFP_BIJECTORS, Case
+from _cases import (
+    CASES,
+    DISTRAX,
+    DISTRAX_NOT_CONSTRUCTIBLE,
+    NUMPYRO_DISTRIBUTIONS,
+    NUMPYRO_TRANSFORMS,
+    RAW,
+    TFP_BIJECTORS,
+    Case,
+)
 from tensorflow_probability.substrates import jax as tfp
 
 import eqxprob as ep
@@ -26,10 +38,19 @@ NAMES = sorted(CASES)
 
 
 def _value(obj, case: Case, x):
-    """A scalar of the object's main computation, via methods raw and wrapped share."""
+    """A scalar of the object's main computation, through each library's own API."""
     if case.kind == "dist":
         return sum(jnp.sum(v) for v in jtu.tree_leaves(obj.log_prob(x)))
+    if isinstance(obj, nd.transforms.Transform):  # raw numpyro
+        y = obj(x)
+        return jnp.sum(y) + jnp.sum(obj.log_abs_det_jacobian(x, y))
     return jnp.sum(obj.forward(x)) + jnp.sum(obj.forward_log_det_jacobian(x))
+
+
+def _raw_sample(obj, key, sample_shape=()):
+    if isinstance(obj, nd.Distribution):
+        return obj.sample(key, sample_shape)
+    return obj.sample(seed=key, sample_shape=sample_shape)
 
 
 # Compiled once per case and reused across tests: eager TFP is slow op by op.
@@ -38,7 +59,7 @@ def _input(name: str):
     case = CASES[name]
     if case.kind == "bij":
         return case.x
-    sample = jax.jit(lambda p: case.make(p, RAW).sample(seed=jax.random.PRNGKey(42)))
+    sample = jax.jit(lambda p: _raw_sample(case.make(p, RAW), jax.random.PRNGKey(42)))
     return sample(case.params)
 
 
@@ -92,13 +113,15 @@ def name(request) -> str:
     return request.param
 
 
-def test_matrix_covers_distrax_and_enough_tfp():
+def test_matrix_covers_distrax_and_enough_tfp_and_numpyro():
     classes = {n for n in distrax.__all__ if isinstance(getattr(distrax, n), type)}
     classes |= {"BijectorLike", "DistributionLike"} & set(distrax.__all__)
     assert classes - set(DISTRAX_NOT_CONSTRUCTIBLE) == set(DISTRAX)
     tfp_dists = [n for n, c in CASES.items() if n.startswith("tfd.")]
     assert len(tfp_dists) >= 20
     assert len(TFP_BIJECTORS) >= 10
+    assert len(NUMPYRO_DISTRIBUTIONS) >= 20
+    assert len(NUMPYRO_TRANSFORMS) >= 8
 
 
 def test_leaves_are_exactly_the_array_arguments(name):
@@ -248,7 +271,7 @@ def test_sample_shapes_and_dtypes_match_raw(name):
     wrapped = case.make(case.params, ep.FixedDistrax)
     got = jax.eval_shape(lambda w: w.sample(seed=KEY, sample_shape=(2,)), wrapped)
     expected = jax.eval_shape(
-        lambda p: case.make(p, RAW).sample(seed=KEY, sample_shape=2), case.params
+        lambda p: _raw_sample(case.make(p, RAW), KEY, (2,)), case.params
     )
     assert jtu.tree_structure(got) == jtu.tree_structure(expected)
     batch, event = wrapped.batch_shape, wrapped.event_shape

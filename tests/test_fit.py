@@ -334,8 +334,8 @@ def test_wrong_loss_arity_with_data_says_model_batch():
 def test_nothing_to_train_is_an_error():
     for model in (
         {},
-        {"n": 3, "x": 1.5},
-        ep.FixedDistrax(distrax.Normal, 0.0, 1.0),
+        {"n": 3, "x": 1.5},  # a Python float in a plain dict is static
+        ep.frozen(ep.FixedDistrax(distrax.Normal, 0.0, 1.0)),
         ep.frozen(jnp.array(1.0)),
     ):
         with pytest.raises(ValueError, match="nothing to train"):

@@ -1,12 +1,15 @@
 """`FixedDistrax` beyond the conformance matrix: method uniformity, the float policy,
 bad inputs, and training."""
 
+import io
+
 import distrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import numpyro.distributions as nd
 import optax
 import pytest
 from _common import hlo_op_count
@@ -55,9 +58,24 @@ def test_other_attributes_fall_through_to_the_instance():
         d.no_such_attribute  # noqa: B018
 
 
-def test_python_floats_are_static_and_compared_by_value():
+def test_python_floats_become_trainable_saved_array_leaves():
+    # distrax converts floats to arrays itself; so does the wrapper, with a
+    # concrete (non-weak) default float dtype, so that they train and are saved.
     d = ep.FixedDistrax(distrax.Normal, 0.0, 1.0)
-    assert jtu.tree_leaves(d) == []
+    leaves = jtu.tree_leaves(d)
+    assert [(x.dtype, x.weak_type) for x in leaves] == [(jnp.float32, False)] * 2
+    grads = eqx.filter_grad(lambda d: d.log_prob(0.5))(d)
+    _close(grads.loc, 0.5)  # d/dloc log N(0.5; loc, 1) = x - loc
+    # Deserialising into a skeleton built with other floats restores the values.
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, ep.FixedDistrax(distrax.Normal, 0.25, 2.0))
+    buffer.seek(0)
+    loaded = eqx.tree_deserialise_leaves(buffer, d)
+    assert (float(loaded.loc), float(loaded.scale)) == (0.25, 2.0)
+    _close(loaded.log_prob(0.5), distrax.Normal(0.25, 2.0).log_prob(0.5))
+
+
+def test_float_leaves_compile_once_and_other_static_values_by_type():
     traces = []
 
     @jax.jit
@@ -65,17 +83,137 @@ def test_python_floats_are_static_and_compared_by_value():
         traces.append(None)
         return d.log_prob(0.5)
 
-    f(d)
     f(ep.FixedDistrax(distrax.Normal, 0.0, 1.0))
-    assert len(traces) == 1
     _close(
         f(ep.FixedDistrax(distrax.Normal, 0.0, 2.0)),
         distrax.Normal(0.0, 2.0).log_prob(0.5),
     )
-    assert len(traces) == 2
-    # `1` and `1.0` are equal in Python but not the same argument.
-    f(ep.FixedDistrax(distrax.Normal, 0, 1.0))
-    assert len(traces) == 3
+    assert len(traces) == 1  # a new float value is a new leaf value, not a retrace
+    # `1` and `True` are equal in Python but not the same static argument.
+    i = ep.FixedDistrax(distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), 1)
+    b = ep.FixedDistrax(
+        distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), True
+    )
+    assert jtu.tree_structure(i) != jtu.tree_structure(b)
+
+
+def test_static_floats_zero_and_negative_zero_compile_separately():
+    # The few floats a class branches on stay static; `0.0 == -0.0` in Python but
+    # they must not share a compiled function.
+    params = jnp.linspace(-0.5, 0.5, 3 * 13).reshape(3, 13)
+
+    def spline(lo):
+        return ep.FixedDistrax(distrax.RationalQuadraticSpline, params, lo, 2.0)
+
+    assert spline(0.0).arguments["range_min"] == 0.0
+    assert jtu.tree_structure(spline(0.0)) == jtu.tree_structure(spline(0.0))
+    assert jtu.tree_structure(spline(0.0)) != jtu.tree_structure(spline(-0.0))
+    assert hash(jtu.tree_structure(spline(0.0))) == hash(
+        jtu.tree_structure(spline(0.0))
+    )
+
+
+def test_tree_at_on_a_static_argument_explains_why_and_what_to_do():
+    params = jnp.linspace(-0.5, 0.5, 3 * 13).reshape(3, 13)
+    spline = ep.FixedDistrax(distrax.RationalQuadraticSpline, params, -2.0, 2.0)
+    with pytest.raises(TypeError, match=r"`range_min` = -2.0 is a static Python float"):
+        eqx.tree_at(lambda s: s.range_min, spline, -3.0)
+    assert spline.range_min == -2.0  # plain access still works
+    d = ep.FixedDistrax(distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), 1)
+    with pytest.raises(TypeError, match=r"`reinterpreted_batch_ndims` = 1 is static"):
+        eqx.tree_at(lambda d: d.reinterpreted_batch_ndims, d, 2)
+    # The pin: Equinox's private leaf wrapper, which the check above recognises.
+    from equinox import _tree
+
+    assert hasattr(_tree, "_LeafWrapper"), (
+        "equinox._tree._LeafWrapper is gone: update "
+        "eqxprob/_wrappers.py:_probed_by_tree_at."
+    )
+
+
+def test_integer_arrays_for_continuous_tfp_parameters_are_cast():
+    # Raw TFP computes in integers here: log N(0.5; 0, 1) comes out as -0.125.
+    d = ep.FixedDistrax(tfd.Normal, jnp.array(0), jnp.array(1))
+    assert d.loc.dtype == jnp.float32 and d.scale.dtype == jnp.float32
+    _close(d.log_prob(0.5), tfd.Normal(0.0, 1.0).log_prob(0.5))
+    _close(d.log_prob(0.5), -1.0439385)
+    # Cast to the dtype of the other float arguments ...
+    half = ep.FixedDistrax(tfd.Normal, jnp.array(0), jnp.ones((), jnp.bfloat16))
+    assert half.loc.dtype == jnp.bfloat16
+    # ... but integer parameters stay integers.
+    permute = ep.FixedDistrax(tfb.Permute, jnp.array([2, 0, 1]))
+    assert permute.permutation.dtype == jnp.int32
+    np.testing.assert_array_equal(permute.forward(X), X[jnp.array([2, 0, 1])])
+    # Where TFP itself rejects mixed dtypes, the error names the class.
+    with pytest.raises(TypeError, match=r"tfd.Binomial rejected.*incompatible dtypes"):
+        ep.FixedDistrax(tfd.Binomial, jnp.array(5), logits=jnp.array(0.0))
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (
+            distrax.Normal,
+            {"mu": X, "scale": X},
+            "'mu'; distrax.Normal takes loc, scale",
+        ),
+        (tfd.Normal, {"sigma": X, "loc": X}, "'sigma'; tfd.Normal takes loc, scale"),
+        (nd.Normal, {"mu": X}, "'mu'; numpyro.Normal takes loc, scale"),
+    ],
+    ids=["distrax", "tfp", "numpyro"],
+)
+def test_an_unknown_keyword_is_named(cls, kwargs, message):
+    with pytest.raises(TypeError, match="unexpected keyword argument " + message):
+        ep.FixedDistrax(cls, **kwargs)
+
+
+def test_spec_builds_in_axes_without_calling_the_class():
+    locs = jnp.array([0.0, 1.0, 2.0])
+    batched = ep.FixedDistrax(distrax.Normal, locs, jnp.array(1.5))
+    in_axes = ep.FixedDistrax.spec(distrax.Normal, 0, None)
+    got = jax.vmap(lambda d: d.log_prob(0.3), in_axes=(in_axes,))(batched)
+    _close(got, distrax.Normal(locs, 1.5).log_prob(0.3))
+    # Nested, with a static argument given by value, and as `out_axes`.
+    inner = ep.FixedDistrax.spec(tfd.Normal, loc=0, scale=None)
+    spec = ep.FixedDistrax.spec(
+        tfd.Independent, inner, static_arguments={"reinterpreted_batch_ndims": 1}
+    )
+    out = jax.vmap(
+        lambda m: ep.FixedDistrax(
+            tfd.Independent, ep.FixedDistrax(tfd.Normal, m, jnp.ones(2)), 1
+        ),
+        out_axes=spec,
+    )(jnp.ones((3, 2)))
+    assert out.distribution.loc.shape == (3, 2) and out.distribution.scale.shape == (2,)
+    with pytest.raises((TypeError, ValueError), match=r"FixedDistrax.spec\(Normal"):
+        ep.FixedDistrax(distrax.Normal, 0, None)
+    with pytest.raises(TypeError, match=r"spec\(Normal\): too many positional"):
+        ep.FixedDistrax.spec(distrax.Normal, 0, None, 1)
+
+
+def _conditional(z):
+    return tfd.Normal(z, 2.0)
+
+
+def test_static_values_mixed_with_wrappers_in_a_list():
+    # A list holding a wrapper and a callable: the callable stays static (not a
+    # leaf), the wrapper's arrays are leaves, and `arguments` shows the list.
+    model = ep.FixedDistrax(
+        tfd.JointDistributionSequential,
+        [ep.FixedDistrax(tfd.Normal, jnp.array(0.5), jnp.array(1.5)), _conditional],
+    )
+    assert len(jtu.tree_leaves(model)) == 2
+    assert model.arguments["model"][1] is _conditional
+    raw = tfd.JointDistributionSequential([tfd.Normal(0.5, 1.5), _conditional])
+    value = [jnp.array(0.3), jnp.array(-0.4)]
+    _close(model.log_prob(value), raw.log_prob(value))
+    again = ep.FixedDistrax(
+        tfd.JointDistributionSequential,
+        [ep.FixedDistrax(tfd.Normal, jnp.array(1.0), jnp.array(1.0)), _conditional],
+    )
+    assert jtu.tree_structure(again) == jtu.tree_structure(model)
+    grads = eqx.filter_grad(lambda m: m.log_prob(value))(model)
+    _close(grads.model[0].loc, (0.3 - 0.5) / 1.5**2)
 
 
 def test_vmapped_construction_equals_a_loop():
@@ -305,8 +443,19 @@ def test_rejected_arguments_name_the_class_and_argument(build, error, match):
         (distrax.Normal, (jnp.zeros(4), jnp.ones(4))),
         (distrax.MultivariateNormalTri, (jnp.zeros(4), jnp.eye(4))),
         (tfd.MultivariateNormalTriL, (jnp.zeros(4), jnp.eye(4))),
+        # TFP bijector-based: the fresh array references must compile away.
+        (tfd.LogNormal, (jnp.zeros(4), jnp.ones(4))),
+        (nd.Normal, (jnp.zeros(4), jnp.ones(4))),
+        (nd.MultivariateNormal, (jnp.zeros(4), None, None, jnp.eye(4))),
     ],
-    ids=["Normal", "MultivariateNormalTri", "tfd.MultivariateNormalTriL"],
+    ids=[
+        "Normal",
+        "MultivariateNormalTri",
+        "tfd.MultivariateNormalTriL",
+        "tfd.LogNormal",
+        "nd.Normal",
+        "nd.MultivariateNormal",
+    ],
 )
 def test_compiled_log_prob_has_the_same_hlo_as_raw(cls, args):
     x = jnp.linspace(-1.0, 1.0, 4)
