@@ -42,6 +42,7 @@ from ._parameter import (
     trainable as trainable,
 )
 from ._state import UpdateOnEvent as UpdateOnEvent
+from ._summary import Summary as Summary, summary as summary
 from ._variational import Guide as Guide, elbo as elbo, guide as guide
 from ._where import (
     WhereDict as WhereDict,
@@ -75,6 +76,9 @@ __all__ = [
     "FitState",
     "NonFiniteLossError",
     "fit",
+    # parameter table
+    "Summary",
+    "summary",
     # variational inference
     "Guide",
     "elbo",

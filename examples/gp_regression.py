@@ -137,10 +137,8 @@ def main(
         x, y = make_data(n)
         gp, losses = train(x, y, steps=steps, progress=progress)
         print(f"Exact GP, RBF + noise, n = {n}, {steps} steps of adam(0.01), float64")
-        print(f"{'hyperparameter':<22}{'initial':>10}{'fitted':>12}")
-        initial = initial_model()
-        for name, get in HYPERPARAMETERS.items():
-            print(f"{name:<22}{float(get(initial)):>10.4f}{float(get(gp)):>12.4f}")
+        print("fitted hyperparameters (ep.summary):")
+        print(ep.summary(gp))
         print(f"NLML: {float(losses[0]):.4f} -> {float(gp.nlml(x, y)):.4f}")
         plot(gp, x, y, out)
         print(f"wrote {out}")

@@ -1,0 +1,206 @@
+"""`summary`: a parameter table of a model, like GPJax's, read from the registry.
+
+One row per array leaf or parameter node (`ep.Bijector`, `ep.Frozen`), with its
+path (constructor-argument names inside `FixedDistrax`), shape, dtype, constrained
+value, constraint and bijector (public names), prior and whether it trains. Plain
+text by `str`, HTML in notebooks (`_repr_html_`), a `rich` table where `rich` is
+installed (`__rich__`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jaxtyping import PyTree
+
+from . import _metadata, _parameter, _transforms
+from ._wrappers import FixedDistrax
+
+
+_COLUMNS = (
+    "path",
+    "shape",
+    "dtype",
+    "value",
+    "constraint",
+    "bijector",
+    "prior",
+    "trainable",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One parameter: every field is a display string except `trainable`."""
+
+    path: str
+    shape: str
+    dtype: str
+    value: str
+    constraint: str
+    bijector: str
+    prior: str
+    trainable: bool
+
+
+class Summary:
+    """The table `ep.summary` returns: `rows` (a list of `Row`), printed as plain
+    text, rendered as HTML in notebooks and by `rich` where it is installed.
+
+    **Example:**
+
+    ```python
+    import eqxprob as ep
+
+    table = ep.summary({"scale": ep.positive(2.0)})
+    assert table.rows[0].bijector == "softplus"
+    assert "<table>" in table._repr_html_()
+    ```
+    """
+
+    def __init__(self, rows: list[Row]):
+        self.rows = rows
+
+    def _cells(self) -> list[list[str]]:
+        return [[str(getattr(row, c)) for c in _COLUMNS] for row in self.rows]
+
+    def __str__(self) -> str:
+        cells = [list(_COLUMNS), *self._cells()]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{c}</th>" for c in _COLUMNS)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._cells()
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __rich__(self) -> Any:
+        from rich.table import Table
+
+        table = Table(*_COLUMNS)
+        for row in self._cells():
+            table.add_row(*row)
+        return table
+
+
+def _value(x: Any) -> str:
+    if isinstance(x, jax.core.Tracer):
+        return "(traced)"
+    a = np.asarray(x)
+    if a.size == 0:
+        return "[]"
+    if a.ndim == 0:
+        return f"{a[()]:.6g}" if np.issubdtype(a.dtype, np.floating) else str(a[()])
+    if a.size <= 4:
+        return "[" + ", ".join(_value(v) for v in a.ravel()) + "]"
+    if np.issubdtype(a.dtype, np.number):
+        return f"mean {a.mean():.4g}, range [{a.min():.4g}, {a.max():.4g}]"
+    return f"{a.dtype}[{a.size}]"
+
+
+def _distribution(prior: Any) -> str:
+    if prior is None:
+        return ""
+    if isinstance(prior, FixedDistrax):
+        shown = [
+            f"{k}={_value(v)}" if eqx.is_array(v) else f"{k}={v!r}"
+            for k, v in prior.arguments.items()
+            if eqx.is_array(v) or isinstance(v, (int, float))
+        ]
+        args = ", ".join(shown)
+        return f"{prior.cls.__name__}({args})"
+    return type(prior).__name__
+
+
+def summary(model: PyTree, overrides: Any = None) -> Summary:
+    """A table of the model's parameters: one row per array leaf or parameter node.
+
+    Columns: `path` (argument names inside `FixedDistrax`, e.g.
+    `likelihood.dist.scale`), `shape`, `dtype`, `value` (constrained; big arrays as
+    mean and range), `constraint`, `bijector`, `prior`, `trainable`. Works on raw
+    models with `ep.field` metadata (the bijector is the one `ep.unconstrain`
+    would use), on `ep.parameterize`d models and on models holding
+    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes. `print` it, or look at
+    `.rows`.
+
+    **Arguments:**
+
+    - `model`: any PyTree.
+    - `overrides`: optional `{where: ep.ParamSpec}`, as for `ep.spec_tree`.
+
+    **Example:**
+
+    ```python
+    import distrax
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    class Kernel(eqx.Module):
+        lengthscale: jax.Array = ep.field(
+            constraint=ep.constraints.positive, prior=distrax.Gamma(2.0, 1.0)
+        )
+        variance: jax.Array = ep.field(constraint=ep.constraints.positive)
+
+    table = ep.summary(ep.parameterize(Kernel(jnp.array(1.5), jnp.array(2.0))))
+    print(table)
+    assert table.rows[0].path == "lengthscale" and table.rows[0].value == "1.5"
+    ```
+    """
+    rows = []
+    items, _ = _metadata.entries(model, overrides)
+    for path, spec, item in items:
+        label = _metadata.label_of(path)
+        constraint = (
+            "" if spec is None or spec.constraint is None else repr(spec.constraint)
+        )
+        constraint = constraint.removeprefix("constraints.")
+        prior = _distribution(None if spec is None else spec.prior)
+        if _parameter.is_node(item):
+            frozen = isinstance(item, _parameter.Frozen)
+            inner = item.value if frozen else item
+            value = _parameter.resolve(item)
+            bijector = (
+                _transforms.describe(_parameter.resolve(inner.transform))
+                if _parameter.is_bijector(inner)
+                else ""
+            )
+            trainable = not frozen and _parameter.is_bijector(inner)
+        elif eqx.is_array(item):
+            value, frozen = item, spec is not None and not spec.is_trainable
+            bijector = ""
+            if spec is not None and _metadata.is_parameter_leaf(label, spec, item):
+                bijector = _transforms.describe(spec.transform())
+            trainable = eqx.is_inexact_array(item) and not frozen
+        else:
+            continue  # Python scalars and other static leaves
+        value = np.asarray(value) if not isinstance(value, jax.core.Tracer) else value
+        rows.append(
+            Row(
+                label,
+                str(tuple(np.shape(value))),
+                str(getattr(value, "dtype", "")),
+                _value(value),
+                constraint,
+                bijector,
+                prior,
+                bool(trainable),
+            )
+        )
+    return Summary(rows)

@@ -1,0 +1,93 @@
+"""`ep.summary` against the model's own values and metadata."""
+
+import distrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqxprob as ep
+
+
+class Kernel(eqx.Module):
+    lengthscale: jax.Array = ep.field(
+        constraint=ep.constraints.positive, prior=distrax.Gamma(2.0, 1.0)
+    )
+    period: jax.Array = ep.field(
+        constraint=ep.constraints.interval(1.0, 5.0), trainable=False
+    )
+    weights: jax.Array
+
+
+class Model(eqx.Module):
+    kernel: Kernel
+    likelihood: ep.FixedDistrax
+    count: int = 3
+
+
+def _model():
+    return Model(
+        Kernel(jnp.array(1.5), jnp.array(2.5), jnp.linspace(0.0, 1.0, 10)),
+        ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.array(0.1)),
+    )
+
+
+def _rows(table):
+    return {row.path: row for row in table.rows}
+
+
+def test_rows_of_a_raw_model():
+    model = _model()
+    rows = _rows(ep.summary(model))
+    assert list(rows) == [
+        "kernel.lengthscale",
+        "kernel.period",
+        "kernel.weights",
+        "likelihood.loc",
+        "likelihood.scale",
+    ]
+    ls = rows["kernel.lengthscale"]
+    assert (ls.shape, ls.dtype, float(ls.value)) == ("()", "float32", 1.5)
+    assert ls.constraint == "positive" and ls.bijector == "softplus"
+    assert ls.prior == "Gamma" and ls.trainable
+    period = rows["kernel.period"]
+    assert period.constraint == "interval(1.0, 5.0)" and not period.trainable
+    weights = rows["kernel.weights"]
+    w = np.asarray(model.kernel.weights)
+    assert weights.value == f"mean {w.mean():.4g}, range [{w.min():.4g}, {w.max():.4g}]"
+    assert weights.constraint == "" and weights.trainable
+
+
+def test_a_parameterized_model_shows_the_same_values_and_its_nodes():
+    model = _model()
+    raw, params = _rows(ep.summary(model)), _rows(ep.summary(ep.parameterize(model)))
+    assert list(raw) == list(params)
+    for path in raw:
+        assert params[path].value == raw[path].value, path
+        assert params[path].bijector == raw[path].bijector, path
+    assert params["kernel.period"].trainable is False  # a Frozen node
+    assert params["kernel.lengthscale"].trainable is True  # a Bijector node
+
+
+def test_plain_html_and_rich_renderings():
+    table = ep.summary(_model())
+    text = str(table)
+    header = "path shape dtype value constraint bijector prior trainable"
+    assert text.splitlines()[0].split() == header.split()
+    assert len(text.splitlines()) == 2 + len(table.rows)
+    page = table._repr_html_()
+    assert page.startswith("<table>") and page.count("<tr>") == 1 + len(table.rows)
+    assert "kernel.lengthscale" in page
+
+
+def test_bounded_and_frozen_nodes():
+    tree = {
+        "b": ep.bounded(jnp.array([0.2, 0.4]), 0.0, 1.0),
+        "f": ep.frozen(ep.positive(2.0)),
+    }
+    rows = _rows(ep.summary(tree))
+    assert (
+        rows["['b']"].value == "[0.2, 0.4]"
+        and rows["['b']"].bijector == "sigmoid(0.0, 1.0)"
+    )
+    assert rows["['f']"].value == "2" and rows["['f']"].trainable is False
