@@ -13,6 +13,7 @@ shortcuts (`positive`, `bounded`, ...), `Bijector.from_value` and the registry
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import equinox as eqx
@@ -375,11 +376,32 @@ def is_node(x: Any) -> bool:
     return isinstance(x, (Bijector, Frozen))
 
 
+def _paramax() -> Any:
+    """paramax, if the user has imported it (GPJax 1.0 does): its wrappers
+    (`paramax.AbstractUnwrappable`) resolve with `paramax.unwrap`, and its
+    `NonTrainable` counts as frozen. Public paramax API only."""
+    return sys.modules.get("paramax")
+
+
+def _is_paramax(x: Any) -> bool:
+    paramax = _paramax()
+    return paramax is not None and isinstance(x, paramax.AbstractUnwrappable)
+
+
+def _is_resolvable(x: Any) -> bool:
+    return is_node(x) or _is_paramax(x)
+
+
 def _stop_gradient(x: Any) -> Any:
     return jax.lax.stop_gradient(x) if eqx.is_array(x) else x
 
 
 def _resolve_node(x: Any) -> Any:
+    if _is_paramax(x):  # our nodes inside it first, then paramax's own unwrap
+        inner = jtu.tree_map(
+            _resolve_node, x, is_leaf=lambda y: y is not x and _is_resolvable(y)
+        )
+        return _paramax().unwrap(inner)
     if isinstance(x, Bijector):
         return _transforms.forward(_resolve_inner(x.transform), _resolve_inner(x.param))
     if isinstance(x, Frozen):
@@ -399,9 +421,10 @@ def resolve(tree: PyTree) -> PyTree:
 
     A `Bijector` becomes `transform(param)`, a `Frozen` its value with
     `jax.lax.stop_gradient`. Nodes nested inside a node's `param`, `transform` or
-    `value` resolve first (innermost first). Call it at the top of a forward
-    pass: `self = ep.resolve(self)`. After `jax.jit` it costs nothing beyond the
-    transforms themselves. Idempotent.
+    `value` resolve first (innermost first). paramax wrappers (GPJax 1.0's
+    parameters among them) resolve too, with `paramax.unwrap`. Call it at the top
+    of a forward pass: `self = ep.resolve(self)`. After `jax.jit` it costs nothing
+    beyond the transforms themselves. Idempotent.
 
     **Arguments:**
 
@@ -422,7 +445,7 @@ def resolve(tree: PyTree) -> PyTree:
     assert jnp.allclose(values["scale"], 2.0) and values["shift"] == 1.0
     ```
     """
-    return jtu.tree_map(_resolve_node, tree, is_leaf=is_node)
+    return jtu.tree_map(_resolve_node, tree, is_leaf=_is_resolvable)
 
 
 resolve_all_bijectors = resolve
@@ -432,7 +455,8 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     """A filter spec: `True` exactly where an optimiser should act.
 
     That is at the `param` of every `Bijector` and at floating-point arrays
-    outside any node; `False` inside `Frozen` nodes, at a transform's own arrays
+    outside any node; `False` inside `Frozen` nodes (and paramax's
+    `NonTrainable`, so GPJax-frozen values stay frozen), at a transform's own arrays
     (bounds, shifts, scales) and at non-float leaves. The result has the structure
     of `tree`, so `eqx.partition(tree, ep.trainable(tree))` splits off exactly the
     trained part: gradients, optimiser state and weight decay never reach the
@@ -466,9 +490,16 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     return _trainable(tree, True)
 
 
+def _is_frozen_or_node(x: Any) -> bool:
+    paramax = _paramax()
+    return is_node(x) or (paramax is not None and isinstance(x, paramax.NonTrainable))
+
+
 def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
     def spec(x: Any) -> Any:
-        if isinstance(x, Frozen):
+        if isinstance(x, Frozen) or (
+            _is_paramax(x) and isinstance(x, _paramax().NonTrainable)
+        ):
             return jtu.tree_map(lambda _: False, x)
         if isinstance(x, Bijector):
             treedef = jtu.tree_structure(x, is_leaf=lambda y: y is not x)
@@ -476,7 +507,7 @@ def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
             return jtu.tree_unflatten(treedef, children)
         return default and eqx.is_inexact_array(x)
 
-    return jtu.tree_map(spec, tree, is_leaf=is_node)
+    return jtu.tree_map(spec, tree, is_leaf=_is_frozen_or_node)
 
 
 def log_det_jacobian(tree: PyTree) -> Array:

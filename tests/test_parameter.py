@@ -868,3 +868,33 @@ def test_traced_bad_inputs_fail_at_run_time():
         jax.vmap(ep.positive)(jnp.array([1.0, -1.0]))
     with pytest.raises(eqx.EquinoxRuntimeError, match="outside the range"):
         eqx.filter_jit(ep.Bijector.from_value)(jnp.array(-1.0), tfb.Softplus())
+
+
+# ---------------------------------------------------------------- paramax
+
+
+def test_paramax_wrappers_resolve_and_non_trainable_stays_frozen():
+    paramax = pytest.importorskip("paramax")
+    model = {
+        "frozen": paramax.non_trainable(jnp.array(0.7)),
+        "scale": paramax.Parameterize(jnp.exp, jnp.array(0.0)),
+        "ours": ep.positive(2.0),
+    }
+    values = ep.resolve(model)
+    np.testing.assert_allclose(values["frozen"], 0.7)
+    np.testing.assert_allclose(values["scale"], 1.0)
+    np.testing.assert_allclose(values["ours"], 2.0, rtol=1e-6)
+    spec = ep.trainable(model)
+    assert not any(jtu.tree_leaves(spec["frozen"]))
+    # adamw with weight decay: the paramax-frozen value must not move
+    trained, _ = ep.fit(
+        model,
+        lambda m: (
+            jnp.sum(ep.resolve(m)["scale"] - 2.0) ** 2 + 0 * ep.resolve(m)["frozen"]
+        ),
+        optimiser=optax.adamw(0.1, weight_decay=0.5),
+        steps=50,
+        progress=False,
+    )
+    np.testing.assert_allclose(paramax.unwrap(trained["frozen"]), 0.7)
+    assert ep.resolve(trained)["scale"] != 1.0  # the trainable part moved
