@@ -305,3 +305,39 @@ def test_svgp_sharded_over_8_devices_equals_single_device():
     assert "sharded over 8 devices" in result.stdout
     # Same key, same minibatches: final parameters and the ELBO trace agree.
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-6
+
+
+def test_lbfgs_fits_the_exact_gp_to_scipys_bfgs_optimum(examples):
+    """Full-batch quasi-Newton GP fitting with `ep.fit` alone, as GPJax's
+    regression example does with BFGS: the same optimum as scipy's BFGS on the
+    hand-written NLML."""
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    gp_regression = examples("gp_regression")
+    with jax.enable_x64(True):
+        x, y = gp_regression.make_data(40)
+        params = ep.parameterize(gp_regression.initial_model())
+        fitted, _ = ep.fit(
+            params,
+            lambda p: ep.resolve(p).nlml(x, y),
+            optimiser=optax.lbfgs(),
+            steps=100,
+            progress=False,
+        )
+        gp = ep.resolve(fitted)
+        names = ("ls", "var", "noise")
+
+        def nlml(v):
+            return _hand_nlml(dict(zip(names, jnp.asarray(v))), x, y)
+
+        start = [float(_inv_softplus(HAND_PARAMS[k])) for k in names]
+        ref = scipy_optimize.minimize(
+            lambda v: float(nlml(v)),
+            start,
+            jac=lambda v: np.asarray(jax.grad(nlml)(jnp.asarray(v))),
+            method="BFGS",
+            options={"gtol": 1e-10},
+        )
+        expected = jax.nn.softplus(jnp.asarray(ref.x))
+        got = [gp.kernel.lengthscale, gp.kernel.variance, gp.noise]
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+        np.testing.assert_allclose(gp.nlml(x, y), ref.fun, rtol=1e-9)
