@@ -22,6 +22,14 @@ BoolScalarLike = Bool[ArrayLike, ""]
 def _call(module: Any, x: Any, state: eqx.nn.State) -> tuple[Any, eqx.nn.State]:
     # An `UpdateOnEvent` inside an `UpdateOnEvent` takes `x = (inner_event, inner_x)`.
     if isinstance(module, UpdateOnEvent):
+        if not (isinstance(x, tuple) and len(x) == 2):
+            raise TypeError(
+                f"{_PREFIX}the wrapped module is itself an `UpdateOnEvent`, so its "
+                "input is the pair `x = (inner_event, inner_x)`: call "
+                "`outer(event, (inner_event, inner_x), state)`, and give "
+                "`example_input=(True, inner_x)` when building the outer one; got "
+                f"a {type(x).__name__}."
+            )
         inner_event, inner_x = x
         return module(inner_event, inner_x, state)
     return module(x, state)
@@ -33,22 +41,26 @@ def _describe(leaves: list) -> str:
 
 def _fill(value: ArrayLike, struct: jax.ShapeDtypeStruct) -> Array:
     """Cast `value` to `struct`'s dtype (losslessly) and broadcast it to its shape."""
+    if not isinstance(value, jax.core.Tracer):
+        # Check on the host, in NumPy's own (64-bit) dtypes: `jnp.asarray(2**40)`
+        # would wrap around and `jnp.asarray(1e40)` become inf in float32 first.
+        v = np.asarray(value)
+        if not (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_):
+            raise TypeError(
+                f"{_PREFIX}`initial_output` must be a number or an array, got "
+                f"{type(value).__name__}."
+            )
+        with np.errstate(all="ignore"):
+            cast = v.astype(np.dtype(struct.dtype))
+            if np.issubdtype(cast.dtype, np.floating):  # rounding is fine, overflow not
+                same = np.array_equal(np.isfinite(cast), np.isfinite(v))
+            else:
+                same = np.array_equal(cast.astype(v.dtype), v, equal_nan=True)
+        if not same:
+            _unrepresentable(v, struct)
+        value = jnp.asarray(cast)
     value = jnp.asarray(value)
     cast = value.astype(struct.dtype)
-    if not isinstance(value, jax.core.Tracer) and not bool(
-        jnp.array_equal(cast, value, equal_nan=True)
-    ):
-        hint = (
-            " (`nan` is the default, and is only possible for floating outputs)"
-            if bool(jnp.any(jnp.isnan(value)))
-            else ""
-        )
-        example = "False" if jnp.dtype(struct.dtype) == jnp.bool_ else "-1"
-        raise ValueError(
-            f"{_PREFIX}`initial_output` cannot be represented in the dtype "
-            f"{jnp.dtype(struct.dtype).name} of the wrapped module's output{hint}. "
-            f"Pass a value that can, e.g. `initial_output={example}`."
-        )
     try:
         return jnp.broadcast_to(cast, struct.shape)
     except ValueError:
@@ -57,6 +69,19 @@ def _fill(value: ArrayLike, struct: jax.ShapeDtypeStruct) -> Array:
             f"broadcast to the wrapped module's output shape {struct.shape}. Pass a "
             "scalar, or an array of the output's shape."
         ) from None
+
+
+def _unrepresentable(value: np.ndarray, struct: jax.ShapeDtypeStruct) -> None:
+    """Raise: `value` does not survive a cast to `struct`'s dtype."""
+    nan = np.issubdtype(value.dtype, np.floating) and np.isnan(value).any()
+    hint = " (`nan` is the default, and is only possible for floating outputs)"
+    example = "False" if jnp.dtype(struct.dtype) == jnp.bool_ else "-1"
+    raise ValueError(
+        f"{_PREFIX}`initial_output` = {value} cannot be represented in the dtype "
+        f"{jnp.dtype(struct.dtype).name} of the wrapped module's output"
+        f"{hint if nan else ''}. Pass a value that can, e.g. "
+        f"`initial_output={example}`."
+    )
 
 
 def _check_event(event: Any) -> bool | BoolScalarLike:

@@ -138,9 +138,12 @@ def _record(where: Where) -> PyTree[str]:
     out = where(_ROOT)
     if type(out) is _Recorder:
         return _get_label(out)
-    if type(out) is tuple and _ONLY_RECORDERS.issuperset(map(type, out)):
+    if type(out) is tuple and out and _ONLY_RECORDERS.issuperset(map(type, out)):
         return tuple(map(_get_label, out))
-    return jtu.tree_map(_label_leaf, out, is_leaf=lambda x: type(x) is _Recorder)
+    is_recorder = lambda x: type(x) is _Recorder  # noqa: E731
+    if not jtu.tree_leaves(out, is_leaf=is_recorder):
+        raise TypeError(f"{_ALLOWED} This one selects nothing (it returned {out!r}).")
+    return jtu.tree_map(_label_leaf, out, is_leaf=is_recorder)
 
 
 # ----------------------------------------------------------------------- caching
@@ -605,12 +608,30 @@ class WhereDict(dict):
     def __contains__(self, key: object) -> bool:
         return dict.__contains__(self, key if type(key) is str else _key_label(key))
 
-    def get(self, key: Where | str, default: Any = None) -> Any:
-        """The value for `key` (a where-function or a label), else `default`."""
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value for `key` (a where-function or a label), else `default`, as
+        `dict.get`: also for keys that are neither."""
         try:
             return self[key]
-        except KeyError:
+        except (KeyError, TypeError):
             return default
+
+    def __or__(self, other: Any) -> WhereDict:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        other = other.where_items() if isinstance(other, WhereDict) else other.items()
+        keys = dict(self._keys)  # label -> key, in order
+        values = dict(dict.items(self))  # label -> value
+        for key, value in other:  # as `dict |`: the right side's values win
+            label = key if isinstance(key, str) else _key_label(key)
+            keys.setdefault(label, key)
+            values[label] = value
+        return WhereDict([(keys[label], values[label]) for label in keys])
+
+    def __ror__(self, other: Any) -> WhereDict:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return WhereDict(other) | self
 
     def wheres(self) -> tuple[Where, ...]:
         """The where-functions of the keys, in insertion order."""
@@ -640,6 +661,30 @@ class WhereDict(dict):
 
     __setitem__ = __delitem__ = __ior__ = _immutable  # type: ignore
     clear = pop = popitem = setdefault = update = _immutable  # type: ignore
+
+
+def _flatten_where_dict(d: WhereDict) -> tuple:
+    children = [(jtu.DictKey(label), value) for label, value in dict.items(d)]
+    return children, tuple(d._keys.items())
+
+
+def _unflatten_where_dict(aux: tuple, values: Iterable[Any]) -> WhereDict:
+    # Labels are known: skip the relabelling `__init__` does.
+    new = dict.__new__(WhereDict)
+    for (label, _), value in zip(aux, values):
+        dict.__setitem__(new, label, value)
+    new._keys = dict(aux)
+    return new
+
+
+# A pytree over its values (keyed by label), so `jax.jit`, `jax.grad` and
+# `eqx.filter_*` see the arrays inside, as for a `dict`.
+jtu.register_pytree_with_keys(
+    WhereDict,
+    _flatten_where_dict,
+    _unflatten_where_dict,
+    flatten_func=lambda d: (list(dict.values(d)), tuple(d._keys.items())),
+)
 
 
 def tree_at_all(

@@ -452,3 +452,62 @@ def test_docstring_example_runs():
     indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
     exec("\n".join(line[indent:] for line in lines), namespace)
     assert namespace["out"] == 2.0
+
+
+@pytest.mark.parametrize(
+    "dtype, value, ok",
+    [
+        (jnp.int32, 2**40, False),
+        (jnp.int32, -(2**40), False),
+        (jnp.int32, 1.5, False),
+        (jnp.int32, -1, True),
+        (jnp.float32, 1e40, False),
+        (jnp.float32, -1e40, False),
+        (jnp.float32, 0.1, True),
+        (jnp.float32, float("nan"), True),
+        (jnp.bool_, 2, False),
+    ],
+)
+def test_initial_output_must_be_representable_in_the_output_dtype(dtype, value, ok):
+    class Counter(eqx.Module):
+        index: eqx.nn.StateIndex
+
+        def __init__(self):
+            self.index = eqx.nn.StateIndex(jnp.zeros((), dtype))
+
+        def __call__(self, x, state):
+            total = state.get(self.index) + x
+            return total, state.set(self.index, total)
+
+    build = eqx.nn.make_with_state(ep.UpdateOnEvent)
+    if ok:
+        model, state = build(Counter(), jnp.ones((), dtype), initial_output=value)
+        out, _ = model(False, jnp.ones((), dtype), state)
+        np.testing.assert_array_equal(out, np.asarray(value).astype(dtype))
+    else:
+        with pytest.raises(
+            ValueError, match="`initial_output` = .* cannot be represented"
+        ):
+            build(Counter(), jnp.ones((), dtype), initial_output=value)
+
+
+def test_nested_update_on_event_says_what_to_pass():
+    class Counter(eqx.Module):
+        index: eqx.nn.StateIndex
+
+        def __init__(self):
+            self.index = eqx.nn.StateIndex(jnp.zeros(()))
+
+        def __call__(self, x, state):
+            total = state.get(self.index) + x
+            return total, state.set(self.index, total)
+
+    inner = ep.UpdateOnEvent(Counter(), jnp.ones(()))
+    x = jnp.ones(())
+    model, state = eqx.nn.make_with_state(ep.UpdateOnEvent)(inner, (True, x))
+    out, state = model(True, (True, x), state)
+    assert out == 1.0
+    out, state = model(True, (False, x), state)  # the inner one is frozen
+    assert out == 1.0
+    with pytest.raises(TypeError, match=r"pair `x = \(inner_event, inner_x\)`"):
+        model(True, x, state)

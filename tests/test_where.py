@@ -583,3 +583,34 @@ def test_docstring_examples_run(name):
     assert blocks and "**Arguments:**" in doc
     for block in blocks:
         exec(compile(textwrap.dedent(block), f"<{name} docstring>", "exec"), {})
+
+
+def test_a_where_that_selects_nothing_is_a_type_error():
+    for where in (lambda m: None, lambda m: (), lambda m: [], lambda m: {}):
+        with pytest.raises(TypeError, match="selects nothing"):
+            ep.where_labels(where)
+
+
+def test_where_dict_is_a_pytree_over_its_values():
+    d = ep.WhereDict({lambda m: m.a: jnp.array(1.0), "b": jnp.array(2.0)})
+    assert jax.tree_util.tree_leaves(d) == [d["a"], d["b"]]
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(d)[0]]
+    assert paths == [(jax.tree_util.DictKey("a"),), (jax.tree_util.DictKey("b"),)]
+    assert jax.jit(lambda d: d["a"] * 2)(d) == 2.0
+    grads = jax.grad(lambda d: d["a"] * d["b"])(d)
+    assert isinstance(grads, ep.WhereDict) and (grads["a"], grads["b"]) == (2.0, 1.0)
+    assert eqx.filter_jit(lambda d: d[lambda m: m.b] + 1)(d) == 3.0
+    doubled = jax.tree_util.tree_map(lambda x: 2 * x, d)
+    assert isinstance(doubled, ep.WhereDict) and doubled["b"] == 4.0
+
+
+def test_where_dict_or_and_get_behave_like_dict():
+    d = ep.WhereDict({lambda m: m.a: 1, "b": 2})
+    e = d | {"c": 3, lambda m: m.a: 5}
+    assert isinstance(e, ep.WhereDict)
+    assert dict(e) == {"a": 5, "b": 2, "c": 3} and list(e) == ["a", "b", "c"]
+    assert dict(e) == {**dict(d), "c": 3, "a": 5}
+    assert isinstance({"z": 0} | d, ep.WhereDict)
+    assert d.get(3, "default") == "default"
+    assert d.get(lambda m: m + 1, "default") == "default"
+    assert d.get("missing") is None and d.get(lambda m: m.b) == 2
