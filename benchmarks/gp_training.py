@@ -117,14 +117,22 @@ class Variant:
     summary: Callable[[Any], np.ndarray]  # trained -> (nlml, ls, var, noise)
     hlo: Callable[[], str] | None = None  # compiled HLO text to count
     scan: bool = False  # count one step: the body of the HLO's while loop
-    traces: list = dataclasses.field(default_factory=lambda: [0])
+    traces: _Count = dataclasses.field(default_factory=lambda: _Count())
 
 
-def _counted(loss: Callable, box: list) -> Callable:
+class _Count:
+    """A trace counter. An object rather than a list: `ep.fit` compares a loss's
+    closure by value, and a list whose contents change is a different closure."""
+
+    def __init__(self):
+        self.value = 0
+
+
+def _counted(loss: Callable, box: _Count) -> Callable:
     """`loss`, counting its Python calls: once per trace under jit."""
 
     def counted(*args):
-        box[0] += 1
+        box.value += 1
         return loss(*args)
 
     return counted
@@ -362,7 +370,7 @@ def run(n: int, steps: int, rounds: int) -> list[list]:
         start = time.perf_counter()
         trained[v.name] = v.call(steps)
         first[v.name] = time.perf_counter() - start
-        after_first[v.name] = v.traces[0]
+        after_first[v.name] = v.traces.value
     times = collections.defaultdict(list)
     for r in range(rounds):  # each round starts one variant later: no fixed order
         for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
@@ -388,7 +396,7 @@ def run(n: int, steps: int, rounds: int) -> list[list]:
                 f"{median[v.name] * 1e3:.3f}",
                 f"{median[v.name] / median_base:.3f}",
                 f"{fastest[v.name] / fastest_base:.3f}",
-                v.traces[0] - after_first[v.name],
+                v.traces.value - after_first[v.name],
                 "-" if hlo is None else count_hlo_ops(hlo, loop_body=v.scan),
                 "-" if hlo is None else _lapack_calls(hlo),
                 f"{summary[0]:.6f}",

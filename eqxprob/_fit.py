@@ -407,8 +407,41 @@ def _takes_key(loss_fn: Callable) -> bool:
     return "key" in parameters
 
 
+_CHECKED: dict[Any, bool] = {}  # what `_check_loss` has accepted, by signature
+
+
+def _signature(problem: _Problem, tree: Any) -> Any:
+    """A hashable key of `tree`'s structure, array shapes and dtypes and other
+    leaves, with `problem`; `None` if a leaf is unhashable."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    parts = tuple(
+        (x.shape, x.dtype, getattr(x, "weak_type", False))
+        if eqx.is_array(x)
+        else ("static", x)
+        for x in leaves
+    )
+    try:
+        key = (problem, treedef, parts)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _check_loss(problem: _Problem, params: PyTree, static: PyTree, data, keys):
-    """Trace the loss once (no compile) and check that it returns a real scalar."""
+    """Trace the loss once (no compile) and check that it returns a real scalar;
+    remembered per signature, so a repeated call traces nothing."""
+    signature = _signature(problem, (params, static, data, keys))
+    if signature is not None and signature in _CHECKED:
+        return
+    _trace_loss(problem, params, static, data, keys)
+    if signature is not None:
+        if len(_CHECKED) > 4096:
+            _CHECKED.clear()
+        _CHECKED[signature] = True
+
+
+def _trace_loss(problem: _Problem, params: PyTree, static: PyTree, data, keys):
     call = "loss_fn(model" + (", batch" if data is not None else "")
     call += ", key=key)" if problem.takes_key else ")"
     try:

@@ -407,7 +407,9 @@ def elbo(
             + guide._log_det(u)
         )
 
-    expected = jnp.mean(jax.vmap(one)(u))
+    # One sample: no `vmap` (XLA's batched matmul of a batch of one costs twice
+    # the plain one on CPU).
+    expected = one(u[0]) if num_samples == 1 else jnp.mean(jax.vmap(one)(u))
     if analytic:
         expected = expected + guide._expected_gaussian_log_prior()
     return expected + guide.distribution.entropy()
