@@ -110,8 +110,9 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
 # --- built-in constraints ---------------------------------------------------------
 
 
-class _Elementwise(Constraint):
-    """A constraint checked entry by entry, with NumPy or JAX alike."""
+class _Tested(Constraint):
+    """A built-in constraint: one `_test(v, xp)` serves JAX (`check`, traced or
+    not) and NumPy (`_host_check`, which compiles nothing)."""
 
     def check(self, value: Array) -> Array:
         return self._test(jnp.asarray(value), jnp)
@@ -121,6 +122,10 @@ class _Elementwise(Constraint):
 
     @abc.abstractmethod
     def _test(self, v: Any, xp: Any) -> Any: ...
+
+
+class _Elementwise(_Tested):
+    """A constraint checked entry by entry."""
 
 
 class Real(_Elementwise):
@@ -259,7 +264,7 @@ class Interval(_Elementwise):
         return f"constraints.interval({low}, {high})"
 
 
-class Simplex(Constraint):
+class Simplex(_Tested):
     """Vectors of positive entries summing to 1 along the last axis (the open
     simplex), the sum within `tolerance(dtype)`."""
 
@@ -269,12 +274,6 @@ class Simplex(Constraint):
         "`value / value.sum(-1, keepdims=True)`, and mix in a little of the uniform "
         "distribution for zeros: `(1 - eps) * value + eps / n`."
     )
-
-    def check(self, value: Array) -> Array:
-        return self._test(jnp.asarray(value), jnp)
-
-    def _host_check(self, value: np.ndarray) -> np.ndarray:
-        return self._test(np.asarray(value), np)
 
     def _test(self, v, xp):
         tol = _errors.tolerance(_float_dtype(v))
@@ -296,22 +295,15 @@ def _float_dtype(v: Any) -> Any:
     return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
 
 
-class _Square(Constraint):
+class _Square(_Tested):
+    """A constraint on square matrices."""
+
     event_ndim = 2
 
     def _shape_error(self, shape):
         if len(shape) < 2 or shape[-1] != shape[-2]:
             return "needs square matrices, shape (..., n, n)"
         return None
-
-    def check(self, value: Array) -> Array:
-        return self._test(jnp.asarray(value), jnp)
-
-    def _host_check(self, value: np.ndarray) -> np.ndarray:
-        return self._test(np.asarray(value), np)
-
-    @abc.abstractmethod
-    def _test(self, v: Any, xp: Any) -> Any: ...
 
 
 def _triangular(v, xp):

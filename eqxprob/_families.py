@@ -3,7 +3,7 @@
 `FixedDistrax` (in `_wrappers.py`) is family-agnostic: it asks `family_of(cls)` for the
 adapter of a class and goes through it to read the constructor signature, build the
 object and call the uniform method set. Adding a fourth family means writing one more
-`_Family` subclass and listing it in `_FAMILIES`.
+`Family` subclass and listing it in `_FAMILIES`.
 
 numpyro is optional (`pip install 'eqxprob[numpyro]'`): it is imported only when a
 class or object from it is seen, which means the user has it.
@@ -198,7 +198,7 @@ def _init_signature(cls: type) -> inspect.Signature:
     return signature.replace(parameters=parameters)
 
 
-class _Family:
+class Family:
     """How eqxprob talks to one library of distributions and bijectors."""
 
     name: str = ""
@@ -263,7 +263,7 @@ class _Family:
         raise NotImplementedError
 
 
-class _Distrax(_Family):
+class _Distrax(Family):
     name = "distrax"
 
     def owns(self, cls: type) -> bool:
@@ -313,7 +313,7 @@ class _Distrax(_Family):
         return _as_int(getattr(obj, "event_ndims_in", None))
 
 
-class _TFP(_Family):
+class _TFP(Family):
     name = "tfp"
     caches_by_identity = True
 
@@ -392,7 +392,7 @@ _TFP_FALLBACKS: dict[str, Callable[..., Any]] = {
 }
 
 
-class _Numpyro(_Family):
+class _Numpyro(Family):
     """numpyro: `mean`/`variance` are properties, `sample(key, shape)`, transforms
     are called and have `inv` and `log_abs_det_jacobian(x, y)`."""
 
@@ -514,10 +514,10 @@ _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
 }
 
 DISTRAX, TFP, NUMPYRO = _Distrax(), _TFP(), _Numpyro()
-_FAMILIES: tuple[_Family, ...] = (DISTRAX, TFP, NUMPYRO)
+_FAMILIES: tuple[Family, ...] = (DISTRAX, TFP, NUMPYRO)
 
 
-def family_of(cls: Any) -> _Family | None:
+def family_of(cls: Any) -> Family | None:
     """The adapter of a distribution or bijector class, or `None`."""
     if not isinstance(cls, type):
         return None
@@ -527,7 +527,7 @@ def family_of(cls: Any) -> _Family | None:
     return None
 
 
-def family_of_instance(x: Any) -> _Family | None:
+def family_of_instance(x: Any) -> Family | None:
     """The adapter of a raw distribution or bijector instance, or `None`."""
     cls = type(x)
     if cls.__module__.startswith("numpyro.") and not NUMPYRO._loaded():
@@ -571,7 +571,7 @@ def is_raw_bijector(x: Any) -> bool:
     return family is not None and family.is_bijector_class(type(x))
 
 
-def _is_raw(x: Any) -> bool:
+def is_raw(x: Any) -> bool:
     return is_raw_distribution(x) or is_raw_bijector(x)
 
 
@@ -668,7 +668,7 @@ def wrap_instance(obj: Any) -> Any:
             f"({e}). {how}"
         ) from None
     arguments = jtu.tree_map(
-        lambda x: wrap_instance(x) if _is_raw(x) else x, arguments, is_leaf=_is_raw
+        lambda x: wrap_instance(x) if is_raw(x) else x, arguments, is_leaf=is_raw
     )
     try:
         wrapped = FixedDistrax(cls, **arguments)

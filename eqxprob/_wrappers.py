@@ -29,7 +29,7 @@ import wadler_lindig as wl
 from tensorflow_probability.substrates import jax as tfp
 
 from . import _families
-from ._families import _Family, family_of, float_key, fresh, fresh_tree
+from ._families import Family, family_of, float_key, fresh, fresh_tree
 
 
 tfd = tfp.distributions
@@ -46,7 +46,7 @@ def _is_dynamic(x: Any) -> bool:
 
 
 def _is_raw(x: Any) -> bool:
-    return _families._is_raw(x)
+    return _families.is_raw(x)
 
 
 def _is_dynamic_or_raw(x: Any) -> bool:
@@ -54,7 +54,7 @@ def _is_dynamic_or_raw(x: Any) -> bool:
 
 
 @functools.cache
-def _family(cls: type) -> _Family:
+def _family(cls: type) -> Family:
     family = family_of(cls)
     assert family is not None
     return family
@@ -132,7 +132,7 @@ class _Static:
         return f"_Static({', '.join(f'{n}={v!r}' for n, v in self.static)})"
 
 
-def _check_class(cls: Any) -> _Family:
+def _check_class(cls: Any) -> Family:
     family = family_of(cls)
     if family is None or not (
         family.is_distribution_class(cls) or family.is_bijector_class(cls)
@@ -162,7 +162,7 @@ def _check_class(cls: Any) -> _Family:
 
 
 def _check_keywords(
-    family: _Family, cls: type, signature: inspect.Signature, kwargs: Mapping
+    family: Family, cls: type, signature: inspect.Signature, kwargs: Mapping
 ) -> None:
     """Name an unknown keyword before `bind` reports a missing argument instead."""
     parameters = signature.parameters
@@ -181,7 +181,7 @@ def _check_keywords(
             )
 
 
-def _check_argument(family: _Family, cls: type, name: str, value: Any) -> None:
+def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
     """Reject constructor arguments that cannot live in a pytree."""
     where = f"FixedDistrax({cls.__name__}): argument `{name}`"
     for leaf in jtu.tree_leaves(value, is_leaf=_is_dynamic_or_raw):
@@ -500,7 +500,7 @@ class FixedDistrax(eqx.Module):
         return {name: values[name] for name in static.names}
 
     @property
-    def family(self) -> _Family:
+    def family(self) -> Family:
         """The adapter of the wrapped class's library (private API)."""
         return _family(self.cls)
 
