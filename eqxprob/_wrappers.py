@@ -555,6 +555,18 @@ class FixedDistrax(eqx.Module):
             indent=kwargs.get("indent", 2),
         )
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """`Normal(loc=..., scale=...)` in treescope (its optional protocol; the
+        import happens only when treescope itself calls this)."""
+        from treescope import repr_lib
+
+        return repr_lib.render_object_constructor(
+            object_type=self.cls,
+            attributes=self.arguments,
+            path=path,
+            subtree_renderer=subtree_renderer,
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:
         dynamic = {n: self.__dict__[n] for n in self._static.dynamic}
         return _make, (self.cls, self._static, dynamic)

@@ -485,3 +485,11 @@ def test_optax_loop_on_wrapped_mvn_tri_recovers_data_mean():
     _close(model.loc, data.mean(axis=0), rtol=0, atol=1e-3)
     # The maximum-likelihood covariance is the biased sample covariance.
     _close(model.covariance(), np.cov(data.T, bias=True), rtol=0, atol=2e-2)
+
+
+def test_treescope_shows_the_class_and_its_arguments():
+    treescope = pytest.importorskip("treescope")
+    model = {"dist": ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.ones(3))}
+    text = treescope.render_to_text(model)
+    assert "Normal(" in text and "loc=" in text and "scale=" in text
+    assert "_static" not in text and "FixedDistrax" not in text
