@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint format bench docs clean
+.PHONY: demo test smoke-lowest lint format bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,28 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2
+
+# Proves the dependency floors in pyproject.toml: resolves the lowest versions of
+# the direct dependencies (`uv pip compile --resolution lowest-direct`), installs
+# exactly those in a fresh throwaway venv, eqxprob itself with --no-deps, and runs
+# .ci/lowest_smoke.py (a quick pass over the core). uv comes from PyPI into a venv
+# of its own there, so this needs only $(PYTHON), the lowest Python supported.
+smoke-lowest:
+	@set -eu; start=$$(date +%s); \
+	tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/eqxprob-lowest.XXXXXX"); \
+	trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/uv"; \
+	"$$tmp/uv/bin/python" -m pip install --quiet --disable-pip-version-check uv; \
+	uv="$$tmp/uv/bin/uv"; \
+	$(PYTHON) -m venv --without-pip "$$tmp/env"; \
+	py="$$tmp/env/bin/python"; \
+	"$$uv" pip compile --quiet --no-config --resolution lowest-direct \
+		--python "$$py" pyproject.toml -o "$$tmp/lowest.txt"; \
+	echo "smoke-lowest: lowest-direct pins:"; grep -v '^ *#' "$$tmp/lowest.txt"; \
+	"$$uv" pip install --quiet --no-config --python "$$py" -r "$$tmp/lowest.txt"; \
+	"$$uv" pip install --quiet --no-config --python "$$py" --no-deps .; \
+	(cd "$$tmp" && "$$py" -I "$(CURDIR)/.ci/lowest_smoke.py"); \
+	echo "smoke-lowest: passed in $$(( $$(date +%s) - start ))s (install included)"
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
