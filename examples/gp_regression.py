@@ -118,13 +118,21 @@ def plot(gp: ExactGP, x: Array, y: Array, path: str) -> None:
     x_new = jnp.linspace(-1.0, 11.0, 300)
     mean, var = gp.predict(x, y, x_new)
     band = 2 * jnp.sqrt(var)
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
     ax.plot(x, y, ".", color="0.4", markersize=4, label="data")
     ax.plot(x_new, mean, color="C0", label="posterior mean")
-    ax.fill_between(x_new, mean - band, mean + band, color="C0", alpha=0.2, label="±2σ")
+    ax.fill_between(
+        x_new,
+        mean - band,
+        mean + band,
+        color="C0",
+        alpha=0.2,
+        label="±2σ posterior predictive of y (latent f + noise)",
+    )
     ax.plot(x_new, jnp.sin(x_new), "--", color="C1", linewidth=1, label="sin(x)")
     ax.set(xlabel="x", ylabel="y", title="Exact GP regression with eqxprob")
-    ax.legend(loc="lower left")
+    # Below the axes, so that it never covers the data.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
