@@ -319,6 +319,7 @@ def fit(
             "pass `jnp.asarray(1.0)`, e.g. `ep.FixedDistrax(distrax.Normal, "
             "jnp.asarray(0.0), jnp.asarray(1.0))`."
         )
+    params = _place_like(params, data)
     problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key)
     _check_loss(problem, params, static, data, keys)
     opt_state = _init(params, problem.optimiser) if state is None else state.opt_state
@@ -372,6 +373,30 @@ def fit(
     if return_state:
         return trained, history, FitState(opt_state, first + done)
     return trained, history
+
+
+def _place_like(params: PyTree, data: Any) -> PyTree:
+    """Commit the parameters where the data is (replicated over its mesh), or to
+    the default device: a compiled chunk returns committed arrays, and a second
+    chunk fed those would otherwise compile again for the new placement."""
+    leaves = [x for x in jtu.tree_leaves(data) if isinstance(x, jax.Array)]
+    sharding = None
+    if leaves and getattr(leaves[0], "committed", False):
+        sharding = leaves[0].sharding
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            spec = jax.sharding.PartitionSpec()
+            sharding = jax.sharding.NamedSharding(sharding.mesh, spec)
+        elif not isinstance(sharding, jax.sharding.SingleDeviceSharding):
+            return params
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def place(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not getattr(x, "committed", True):
+            return jax.device_put(x, sharding)
+        return x
+
+    return jtu.tree_map(place, params)
 
 
 def _check_int(name: str, value: Any) -> int:

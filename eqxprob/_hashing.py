@@ -23,7 +23,7 @@ import numpy as np
 
 
 _SMALL = 1024  # arrays up to this many elements are keyed by value
-_DEPTH = 6
+_DEPTH = 32  # deep enough for optax schedules built from schedules
 
 
 class _Same:

@@ -378,8 +378,8 @@ class Static(eqx.Module):
         return describe(self.held.value)
 
 
-# Transforms that cannot hold `Bijector` or `Frozen` nodes.
-NODE_FREE = (*BUILT_INS, Static, FixedDistrax)
+# Transforms that cannot hold `Bijector` or `Frozen` nodes (a `FixedDistrax` can).
+NODE_FREE = (*BUILT_INS, Static)
 
 
 def _distrax_key(bijector: distrax.Bijector) -> Any:

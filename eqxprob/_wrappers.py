@@ -181,6 +181,15 @@ def _check_keywords(
             )
 
 
+def _resolved(wrapper: FixedDistrax) -> FixedDistrax:
+    """`wrapper` with any `ep.Bijector`/`ep.Frozen` node among its arguments
+    resolved, for the construction-time check only: the wrapper keeps the nodes
+    (resolve the model in the forward pass, as always)."""
+    from ._parameter import resolve  # lazily: _parameter builds on this module
+
+    return resolve(wrapper)
+
+
 def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
     """Reject constructor arguments that cannot live in a pytree."""
     where = f"FixedDistrax({cls.__name__}): argument `{name}`"
@@ -413,7 +422,7 @@ class FixedDistrax(eqx.Module):
         for name, value in dynamic.items():
             object.__setattr__(self, name, value)
         try:
-            family.check_built(self.instantiate())
+            family.check_built(_resolved(self).instantiate())
         except Exception as e:
             message = (
                 f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "

@@ -519,3 +519,34 @@ def test_progress_bar_goes_to_stderr_with_the_loss(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "20/20" in captured.err and "loss=" in captured.err
+
+
+def test_fresh_optimisers_with_schedules_do_not_recompile():
+    def run():
+        schedule = optax.warmup_cosine_decay_schedule(0.0, 0.05, 10, 100)
+        return ep.fit(
+            _model(), _loss, optimiser=optax.adam(schedule), steps=20, progress=False
+        )
+
+    run()
+    with _Compilations() as c:
+        run()
+    assert c.count == 0
+
+
+def test_data_on_a_device_compiles_the_chunk_once():
+    def compiles(data):
+        with _Compilations() as c:
+            ep.fit(
+                jnp.array(0.0),
+                lambda m, b, _d=data: jnp.mean((b - m) ** 2),  # a new loss each call
+                optimiser=optax.sgd(0.1),
+                steps=40,  # several chunks: the first call's outputs feed the next
+                data=data,
+                progress=False,
+            )
+        return c.count
+
+    plain = compiles(jnp.arange(6.0))
+    committed = compiles(jax.device_put(jnp.arange(6.0) + 1, jax.devices()[0]))
+    assert committed == plain
