@@ -22,8 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jaxtyping import Array, PyTree
 
 from . import _constraint, _errors, _parameter, _support, _transforms
@@ -268,17 +270,65 @@ def entries(model: Any, overrides: Any) -> tuple[list, Any]:
     return [(path, spec, item) for (path, item), spec in zip(items, specs)], treedef
 
 
-def _map(model: Any, overrides: Any, fn: Callable, inside: Callable) -> PyTree:
+def _map(
+    model: Any,
+    overrides: Any,
+    fn: Callable,
+    inside: Callable,
+    batch: Callable | None = None,
+) -> PyTree:
     """`fn(label, spec, leaf)` at every leaf, `inside(node)` at every parameter
-    node (as a tree of the node's structure), rebuilt with `model`'s structure."""
+    node (as a tree of the node's structure), rebuilt with `model`'s structure.
+
+    With `batch(labels, spec, leaves) -> results`, concrete leaves that share an
+    elementwise built-in transform and constraint go through it together, in one
+    compiled call rather than one per leaf (the results must equal `fn`'s)."""
     items, treedef = entries(model, overrides)
-    out = []
-    for path, spec, item in items:
+    out: list[Any] = [None] * len(items)
+    groups: dict[Any, list] = {}
+    for i, (path, spec, item) in enumerate(items):
+        label = label_of(path)
         if _parameter.is_node(item):
-            out.append(inside(label_of(path), spec, item))
+            out[i] = inside(label, spec, item)
+            continue
+        group = None if batch is None else _group(label, spec, item)
+        if group is None:
+            out[i] = fn(label, spec, item)
         else:
-            out.append(fn(label_of(path), spec, item))
+            groups.setdefault(group, []).append((i, label, spec, item))
+    for members in groups.values():
+        if len(members) == 1:
+            i, label, spec, item = members[0]
+            out[i] = fn(label, spec, item)
+            continue
+        labels = [label for _, label, _, _ in members]
+        results = batch(labels, members[0][2], [item for *_, item in members])
+        for (i, *_), result in zip(members, results):
+            out[i] = result
     return jtu.tree_unflatten(treedef, out)
+
+
+def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
+    """The batch a leaf can join (same transform, constraint, dtype), or `None`."""
+    if not is_parameter_leaf(label, spec, leaf) or spec.probe:
+        return None
+    if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
+        return None
+    transform = spec.transform()
+    if not isinstance(transform, _transforms.BUILT_INS) or transform.event_ndim:
+        return None
+    constraint = spec.constraint
+    if constraint is not None and constraint.event_ndim:
+        return None
+    # A transform without arrays batches across specs; one with arrays (bounds)
+    # only with the leaves of its own spec.
+    which = ("spec", id(spec)) if jtu.tree_leaves(transform) else transform
+    key = (which, constraint, leaf.dtype)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _named(label: str) -> str:
@@ -482,7 +532,13 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
         _check_node(label, spec, x)
         return x
 
-    return _map(model, overrides, leaf, node)
+    def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
+        names = [_named(label) for label in labels]
+        return _parameter.to_unconstrained_many(
+            leaves, spec.transform(), spec.constraint, names
+        )
+
+    return _map(model, overrides, leaf, node, batch)
 
 
 def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
@@ -521,7 +577,10 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
             _parameter.probe_range(transform, u, spec.constraint, _named(label))
         return _errors.as_float(_transforms.forward(transform, u), label)
 
-    return _map(raw_model, overrides, leaf, lambda label, spec, node: node)
+    def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
+        return _parameter.forward_many(spec.transform(), leaves)
+
+    return _map(raw_model, overrides, leaf, lambda label, spec, node: node, batch)
 
 
 def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
@@ -581,7 +640,16 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
             return _parameter.frozen(x)
         return x
 
-    return _map(model, overrides, leaf, node)
+    def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
+        transform = spec.transform()
+        names = [_named(label) for label in labels]
+        params = _parameter.to_unconstrained_many(
+            leaves, transform, spec.constraint, names
+        )
+        nodes = [_parameter.Bijector._unchecked(p, transform) for p in params]
+        return nodes if spec.is_trainable else [_parameter.frozen(n) for n in nodes]
+
+    return _map(model, overrides, leaf, node, batch)
 
 
 def _shape(shape: Any) -> tuple[int, ...]:

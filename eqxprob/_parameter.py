@@ -115,6 +115,49 @@ def to_unconstrained(
     return param
 
 
+def to_unconstrained_many(
+    values: list, transform: Any, constraint: Constraint | None, names: list[str]
+) -> list[Array]:
+    """`to_unconstrained` of many concrete values sharing one elementwise
+    transform and constraint, in one compiled call (the eager registry's fast
+    path). The checks are the same; when one fails, the values are redone one at
+    a time, which raises the usual error naming the first bad one."""
+    values = [_errors.as_float(v, n) for v, n in zip(values, names)]
+    ok, params = _inverse_many(transform, constraint, values)
+    if not bool(ok):
+        return [
+            to_unconstrained(v, transform, constraint, n) for v, n in zip(values, names)
+        ]
+    return params
+
+
+@eqx.filter_jit
+def _inverse_many(transform: Any, constraint: Any, values: list) -> tuple:
+    flat = jnp.concatenate([jnp.ravel(v) for v in values])
+    ok = jnp.isfinite(flat) if constraint is None else constraint.check(flat)
+    param = _transforms.inverse(transform, flat, "")
+    back = _transforms.forward(transform, param)
+    ok = ok & jnp.isfinite(param)
+    if constraint is not None:
+        ok = ok & constraint.check(back)
+    missed = _transforms.round_trip_error(transform, flat, back)
+    if missed is not None:
+        ok = ok & ~missed
+    return jnp.all(ok), _split_like(param, values)
+
+
+def _split_like(flat: Array, values: list) -> list[Array]:
+    ends = np.cumsum([np.size(v) for v in values])[:-1]
+    return [p.reshape(np.shape(v)) for p, v in zip(jnp.split(flat, ends), values)]
+
+
+@eqx.filter_jit
+def forward_many(transform: Any, values: list) -> list[Array]:
+    """`transform.forward` of many arrays at once (one compiled call)."""
+    flat = jnp.concatenate([jnp.ravel(v) for v in values])
+    return _split_like(_transforms.forward(transform, flat), values)
+
+
 def probe_range(
     transform: Any, param: Array, constraint: Constraint, name: str
 ) -> None:
@@ -255,6 +298,15 @@ class Bijector(eqx.Module):
         ```
         """
         return _from_value(value, transform, constraint, "Bijector.from_value")
+
+    @classmethod
+    def _unchecked(cls, param: Any, transform: Any) -> Bijector:
+        """A node from a parameter already checked and a transform already
+        stored (`as_transform`): the registry's fast path."""
+        node = object.__new__(cls)
+        object.__setattr__(node, "param", param)
+        object.__setattr__(node, "transform", transform)
+        return node
 
     def __jax_array__(self):
         raise TypeError(_UNRESOLVED)
@@ -502,9 +554,9 @@ def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
         ):
             return jtu.tree_map(lambda _: False, x)
         if isinstance(x, Bijector):
-            treedef = jtu.tree_structure(x, is_leaf=lambda y: y is not x)
-            children = [_trainable(x.param, True), _trainable(x.transform, False)]
-            return jtu.tree_unflatten(treedef, children)
+            return Bijector._unchecked(
+                _trainable(x.param, True), _trainable(x.transform, False)
+            )
         return default and eqx.is_inexact_array(x)
 
     return jtu.tree_map(spec, tree, is_leaf=_is_frozen_or_node)
