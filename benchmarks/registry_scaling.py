@@ -1,0 +1,112 @@
+"""How the eager registry operations scale with the number of leaves L.
+
+A model whose one `ep.field(constraint=positive, prior=Gamma)` annotates a list of L
+scalar parameters (L = 10, 100, 1000, 5000). For each operation, the median time
+over interleaved rounds (order rotated each round) as a ratio to a hand-written
+per-leaf loop on a dict of the same arrays, measured in the same run, with the
+range over rounds. Asserts nothing.
+
+Run: `OPENBLAS_NUM_THREADS=1 python benchmarks/registry_scaling.py [--rounds 5]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import distrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _common import table
+
+import eqxprob as ep
+
+
+GAMMA = distrax.Gamma(2.0, 1.0)
+
+
+class Model(eqx.Module):
+    xs: list = ep.field(constraint=ep.constraints.positive, prior=GAMMA)
+
+
+def operations(L: int) -> dict[str, tuple]:
+    """name -> (eqxprob call, hand-written baseline)."""
+    values = [jnp.asarray(1.0 + i / L) for i in range(L)]
+    model = Model(values)
+    raw = ep.unconstrain(model)
+    params = ep.parameterize(model)
+    hand_raw = {i: jnp.log(jnp.expm1(v)) for i, v in enumerate(values)}
+    return {
+        "parameterize": (
+            lambda: ep.parameterize(model),
+            lambda: {i: jnp.log(jnp.expm1(v)) for i, v in enumerate(values)},
+        ),
+        "unconstrain": (
+            lambda: ep.unconstrain(model),
+            lambda: {i: jnp.log(jnp.expm1(v)) for i, v in enumerate(values)},
+        ),
+        "constrain": (
+            lambda: ep.constrain(raw),
+            lambda: {i: jax.nn.softplus(u) for i, u in hand_raw.items()},
+        ),
+        "log_prior": (
+            lambda: ep.log_prior(model),
+            lambda: sum(GAMMA.log_prob(v) for v in values),
+        ),
+        "resolve": (
+            lambda: ep.resolve(params),
+            lambda: {i: jax.nn.softplus(u) for i, u in hand_raw.items()},
+        ),
+        "trainable + partition": (
+            lambda: eqx.partition(params, ep.trainable(params)),
+            lambda: eqx.partition(hand_raw, eqx.is_inexact_array),
+        ),
+    }
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(jax.tree_util.tree_leaves(fn()))
+    return time.perf_counter() - start
+
+
+def main(rounds: int = 5, sizes=(10, 100, 1000, 5000)) -> None:
+    rows = []
+    for L in sizes:
+        ops = operations(L)
+        for ours, hand in ops.values():  # warm up: compile
+            _seconds(ours), _seconds(hand)
+        ratios = {name: [] for name in ops}
+        per_leaf = {name: [] for name in ops}
+        names = list(ops)
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                ours, hand = ops[name]
+                t_hand, t_ours = _seconds(hand), _seconds(ours)
+                ratios[name].append(t_ours / t_hand)
+                per_leaf[name].append(t_ours / L * 1e6)
+        for name in names:
+            rows.append(
+                [
+                    L,
+                    name,
+                    f"{np.median(ratios[name]):.2f}",
+                    f"{min(ratios[name]):.2f}-{max(ratios[name]):.2f}",
+                    f"{np.median(per_leaf[name]):.1f}",
+                ]
+            )
+    print(
+        f"Eager registry operations vs a hand-written per-leaf loop, {rounds} "
+        "interleaved rounds (OPENBLAS_NUM_THREADS as set)"
+    )
+    print(table(["L", "operation", "ratio (median)", "range", "µs per leaf"], rows))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="L = 10 and 100 only")
+    args = parser.parse_args()
+    main(args.rounds, (10, 100) if args.quick else (10, 100, 1000, 5000))
