@@ -187,10 +187,21 @@ def test_gp_training_compiles_like_hand_written_jax(examples):
 
 
 def test_map_with_priors_moves_towards_the_priors(examples, capsys):
-    mle, map_ = examples("map_with_priors").main(steps=150, n=20, progress=False)
+    example = examples("map_with_priors")
+    mle, map_ = example.main(steps=150, n=20, progress=False, out="map.png")
     assert "MAP" in capsys.readouterr().out
+    assert pathlib.Path("map.png").stat().st_size > 10_000
     # The noise prior Gamma(1, 10) has mean 0.1; MAP must differ from the MLE.
     assert not np.allclose(float(mle.noise), float(map_.noise))
+    # The plotted prior is the field's Gamma(1, 10); the profile posterior
+    # integrates to one over its grid.
+    with jax.enable_x64(True):
+        x, y = example.make_data(20)
+        grid = np.linspace(1e-3, 1.0, 400)
+        get = example.HYPERPARAMETERS["noise (variance)"]
+        prior, posterior = example.profile(map_, x, y, get, grid)
+        np.testing.assert_allclose(prior, 10 * np.exp(-10 * grid), rtol=1e-6)
+        np.testing.assert_allclose(np.trapezoid(posterior, grid), 1.0, rtol=1e-9)
 
 
 def test_nuts_blackjax_runs(examples, capsys):
