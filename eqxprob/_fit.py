@@ -10,6 +10,7 @@ reuses the compiled program too.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 import sys
@@ -136,8 +137,7 @@ def _init(params: PyTree, optimiser: Keyed) -> PyTree:
     return _strong(optimiser.value.init(params))
 
 
-@eqx.filter_jit
-def _run_chunk(
+def _chunk(
     params: PyTree,
     opt_state: PyTree,
     static: PyTree,
@@ -176,6 +176,61 @@ def _run_chunk(
     done = jnp.arange(capacity) < length
     finite = jnp.all(jnp.isfinite(losses) | ~done) & _all_finite(params)
     return params, opt_state, losses, finite
+
+
+_run_chunk = eqx.filter_jit(_chunk)
+
+
+class _Skeleton:
+    """The non-array part of a chunk's inputs, hashed and compared by value: a
+    static argument of `jax.jit`, so each chunk is a plain `jax.jit` call on the
+    arrays (C++ dispatch) rather than an `eqx.filter_jit` one, which re-partitions
+    its arguments every call."""
+
+    __slots__ = ("tree", "_key")
+
+    def __init__(self, tree: Any):
+        self.tree = tree
+        leaves, treedef = jtu.tree_flatten(tree)
+        self._key = (treedef, tuple(leaves))
+        hash(self._key)  # a TypeError here: take the `eqx.filter_jit` path
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Skeleton) and self._key == other._key
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _run_arrays(arrays, start, length, skeleton, problem, capacity):
+    params, opt_state, *rest = arrays
+    static, data, keys = eqx.combine(tuple(rest), skeleton.tree)
+    return _chunk(
+        params, opt_state, static, data, keys, start, length, problem, capacity
+    )
+
+
+def _runner(static, data, keys, problem, capacity, opt_state) -> Callable:
+    """`run(params, opt_state, start, length)`: one compiled chunk."""
+    fixed, skeleton_tree = eqx.partition((static, data, keys), eqx.is_array)
+    skeleton = None  # Equinox's path, for unhashable statics or odd optimiser states
+    if all(eqx.is_array(x) for x in jtu.tree_leaves(opt_state)):
+        try:
+            skeleton = _Skeleton(skeleton_tree)
+        except TypeError:
+            pass
+
+    def run(p: PyTree, s: PyTree, start: int, length: int) -> tuple:
+        start, length = np.asarray(start, np.int32), np.asarray(length, np.int32)
+        if skeleton is None:
+            return _run_chunk(
+                p, s, static, data, keys, start, length, problem, capacity
+            )
+        arrays = (p, s, *fixed)
+        return _run_arrays(arrays, start, length, skeleton, problem, capacity)
+
+    return run
 
 
 def fit(
@@ -323,17 +378,16 @@ def fit(
     problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key)
     _check_loss(problem, params, static, data, keys)
     opt_state = _init(params, problem.optimiser) if state is None else state.opt_state
+    opt_state = _place_like(opt_state, data)
     first = 0 if state is None else state.step
 
-    def run(p: PyTree, s: PyTree, start: int, length: int) -> tuple:
-        return _run_chunk(
-            p, s, static, data, keys, jnp.int32(start), jnp.int32(length),
-            problem, chunk_size,
-        )  # fmt: skip
+    run = _runner(static, data, keys, problem, chunk_size, opt_state)
 
     bar = _progress_bar(progress, steps)
     losses: list[np.ndarray] = []
-    done, length, target = 0, min(steps, 10, chunk_size), 0.25
+    # The first chunk (which also compiles) is short, so the bar appears at once;
+    # later ones last about `target` seconds, at most `chunk_size` steps.
+    done, length, target = 0, min(steps, 100, chunk_size), 0.25
     try:
         while done < steps:
             length = min(length, steps - done)
@@ -353,8 +407,8 @@ def fit(
                 bar.update(length)
                 bar.set_postfix(loss=f"{float(chunk[-1]):.6g}")
             per_step = (time.perf_counter() - began) / length
-            if len(losses) > 1:  # the first call also compiled
-                length = int(np.clip(target / max(per_step, 1e-9), 1, chunk_size))
+            # (The first chunk's time may include compiling: a shorter next one.)
+            length = int(np.clip(target / max(per_step, 1e-9), 1, chunk_size))
     except (KeyboardInterrupt, jax.errors.JaxRuntimeError) as e:
         # A Ctrl-C that lands inside a host callback reaches us wrapped by XLA.
         if not isinstance(e, KeyboardInterrupt) and "KeyboardInterrupt" not in str(e):
