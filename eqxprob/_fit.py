@@ -374,11 +374,10 @@ def fit(
             "pass `jnp.asarray(1.0)`, e.g. `ep.FixedDistrax(distrax.Normal, "
             "jnp.asarray(0.0), jnp.asarray(1.0))`."
         )
-    params = _place_like(params, data)
     problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key)
     _check_loss(problem, params, static, data, keys)
     opt_state = _init(params, problem.optimiser) if state is None else state.opt_state
-    opt_state = _place_like(opt_state, data)
+    params, opt_state = _place_like((params, opt_state), data)
     first = 0 if state is None else state.step
 
     run = _runner(static, data, keys, problem, chunk_size, opt_state)
@@ -445,12 +444,17 @@ def _place_like(params: PyTree, data: Any) -> PyTree:
     if sharding is None:
         sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
-    def place(x: Any) -> Any:
-        if isinstance(x, jax.Array) and not getattr(x, "committed", True):
-            return jax.device_put(x, sharding)
-        return x
-
-    return jtu.tree_map(place, params)
+    leaves, treedef = jtu.tree_flatten(params)
+    loose = [
+        i
+        for i, x in enumerate(leaves)
+        if isinstance(x, jax.Array) and not getattr(x, "committed", True)
+    ]
+    if loose:  # one batched transfer, not one per leaf
+        placed = jax.device_put([leaves[i] for i in loose], sharding)
+        for i, x in zip(loose, placed):
+            leaves[i] = x
+    return jtu.tree_unflatten(treedef, leaves)
 
 
 def _check_int(name: str, value: Any) -> int:
