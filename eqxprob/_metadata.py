@@ -31,6 +31,7 @@ from jaxtyping import Array, PyTree
 from . import _constraint, _errors, _parameter, _support, _transforms
 from ._constraint import Constraint
 from ._where import WhereDict, where_labels, where_paths
+from ._wrappers import FixedDistrax
 
 
 _METADATA_KEY = "eqxprob"
@@ -185,10 +186,6 @@ def field(
 
 
 # --- traversal ------------------------------------------------------------------
-
-
-def _is_spec(x: Any) -> bool:
-    return x is None or isinstance(x, ParamSpec)
 
 
 def label_of(path: tuple) -> str:
@@ -703,12 +700,48 @@ def log_prior(model: PyTree, overrides: Any = None) -> Array:
     """
     entries_, _ = entries(model, overrides)
     total = jnp.zeros(())
+    scalar: dict[int, bool] = {}  # id(prior) -> whether it is a scalar wrapper
+    groups: dict[int, tuple[Any, list]] = {}
     for path, spec, item in entries_:
         if spec is None or spec.prior is None:
             continue
         value = _parameter.resolve(item) if _parameter.is_node(item) else item
-        total = total + score_prior(label_of(path), spec.prior, value)
+        prior = spec.prior
+        if _scalar_wrapper(prior, scalar) and _concrete_float(value):
+            groups.setdefault(id(prior), (prior, []))[1].append(value)
+        else:
+            total = total + score_prior(label_of(path), prior, value)
+    for prior, values in groups.values():  # one compiled call per shared prior
+        total = total + (
+            _score_many(prior, values)
+            if len(values) > 1
+            else score_prior("", prior, values[0])
+        )
     return total
+
+
+def _scalar_wrapper(prior: Any, cache: dict[int, bool]) -> bool:
+    """A `FixedDistrax` prior with scalar batch and event shapes (then leaves
+    sharing it can be scored together)."""
+    known = cache.get(id(prior))
+    if known is None:
+        known = isinstance(prior, FixedDistrax) and (
+            _shape(prior.batch_shape) == () and _shape(prior.event_shape) == ()
+        )
+        cache[id(prior)] = known
+    return known
+
+
+def _concrete_float(x: Any) -> bool:
+    return eqx.is_inexact_array(x) and not _errors.is_traced(x)
+
+
+@eqx.filter_jit
+def _score_many(prior: Any, values: list) -> Array:
+    flat = jnp.concatenate([jnp.ravel(v) for v in values])
+    lp = prior.log_prob(flat)
+    ok = _support.in_support(prior, flat)
+    return jnp.sum(lp if ok is None else jnp.where(ok, lp, -jnp.inf))
 
 
 def score_prior(label: str, prior: Any, value: Any) -> Array:

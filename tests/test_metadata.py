@@ -526,3 +526,17 @@ def test_the_batched_eager_path_equals_the_one_leaf_path():
         ep.unconstrain(bad)
     with pytest.raises(ValueError, match=r"`scales\[27\]`"):
         ep.parameterize(bad)
+
+
+def test_log_prior_of_many_leaves_sharing_a_wrapped_prior():
+    class Rates(eqx.Module):
+        rates: list = ep.field(constraint=C.positive, prior=GAMMA)
+
+    values = [jnp.asarray(0.2 + 0.1 * i) for i in range(30)]
+    model = Rates(values)
+    expected = sum(distrax.Gamma(2.0, 1.0).log_prob(v) for v in values)
+    _close(ep.log_prior(model), expected, rtol=1e-5)
+    _close(ep.log_prior(ep.parameterize(model)), expected, rtol=1e-5)
+    outside = eqx.tree_at(lambda m: m.rates[11], model, jnp.asarray(-1.0))
+    assert ep.log_prior(outside) == -np.inf
+    assert eqx.filter_jit(ep.log_prior)(outside) == -np.inf
