@@ -550,3 +550,25 @@ def test_data_on_a_device_compiles_the_chunk_once():
     plain = compiles(jnp.arange(6.0))
     committed = compiles(jax.device_put(jnp.arange(6.0) + 1, jax.devices()[0]))
     assert committed == plain
+
+
+def test_progress_bar_shows_in_a_jupyter_kernel():
+    """A real kernel (nbclient + ipykernel): `tqdm.auto` decides how to draw the
+    bar (a widget with ipywidgets, text otherwise), and the loss shows."""
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("ipykernel")
+    notebook = nbformat.v4.new_notebook()
+    code = (
+        "import jax.numpy as jnp, optax, eqxprob as ep\n"
+        "m, losses = ep.fit(jnp.array(1.0), lambda m: m**2, "
+        "optimiser=optax.sgd(0.1), steps=20)\n"
+        "print(len(losses))"
+    )
+    notebook.cells.append(nbformat.v4.new_code_cell(code))
+    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    outputs = notebook.cells[0].outputs
+    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    widgets = [o for o in outputs if o["output_type"] == "display_data"]
+    assert "20\n" in text  # the cell ran to the end
+    assert widgets or ("20/20" in text and "loss=" in text)
