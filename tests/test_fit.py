@@ -572,3 +572,49 @@ def test_progress_bar_shows_in_a_jupyter_kernel():
     widgets = [o for o in outputs if o["output_type"] == "display_data"]
     assert "20\n" in text  # the cell ran to the end
     assert widgets or ("20/20" in text and "loss=" in text)
+
+
+def test_a_gpjax_model_fits_unchanged_like_gpx_fit():
+    """GPJax 1.0 models (paramax-wrapped parameters) train with `ep.fit` as they
+    are, to `gpx.fit`'s result; a `paramax.non_trainable` value stays put under
+    adamw's weight decay (under `gpx.fit` it decays: GPJax partitions with
+    `eqx.is_inexact_array`)."""
+    gpx = pytest.importorskip("gpjax")
+    paramax = pytest.importorskip("paramax")
+    from gpjax.parameters import val
+
+    with jax.enable_x64(True):
+        x = jnp.linspace(0.0, 10.0, 40)
+        y = jnp.sin(x) + 0.1 * jax.random.normal(jax.random.key(0), (40,))
+        data = gpx.Dataset(X=x[:, None], y=y[:, None])
+        prior = gpx.gps.Prior(
+            mean_function=gpx.mean_functions.Zero(), kernel=gpx.kernels.RBF()
+        )
+        posterior = prior * gpx.likelihoods.Gaussian()
+        nmll = lambda m, d: -gpx.objectives.conjugate_mll(m, d)  # noqa: E731
+        opt = optax.adam(0.01)
+        theirs, _ = gpx.fit(
+            model=posterior, objective=nmll, train_data=data, optim=opt,
+            num_iters=200, verbose=False,
+        )  # fmt: skip
+        ours, _ = ep.fit(
+            posterior, lambda m: nmll(m, data), optimiser=opt, steps=200,
+            progress=False,
+        )  # fmt: skip
+        for get in (
+            lambda m: m.prior.kernel.lengthscale,
+            lambda m: m.prior.kernel.variance,
+            lambda m: m.likelihood.obs_stddev,
+        ):
+            np.testing.assert_allclose(val(get(ours)), val(get(theirs)), rtol=1e-9)
+        frozen = eqx.tree_at(
+            lambda m: m.prior.kernel.variance,
+            posterior,
+            paramax.non_trainable(jnp.array(0.7)),
+        )
+        decay = optax.adamw(0.05, weight_decay=0.5)
+        ours, _ = ep.fit(
+            frozen, lambda m: nmll(m, data), optimiser=decay, steps=50,
+            progress=False,
+        )  # fmt: skip
+        assert float(paramax.unwrap(ours.prior.kernel.variance)) == 0.7
