@@ -50,3 +50,21 @@ def test_every_public_name_is_in_the_api_reference():
     )
     unknown = sorted(documented - public)
     assert not unknown, f"documented in docs/api/ but not in eqxprob.__all__: {unknown}"
+
+
+def test_ep_mentions_become_cross_links_outside_code_blocks():
+    spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    documented = {"fit", "Bijector"}
+    text = (
+        "Train with `ep.fit`, build `ep.Bijector.from_value`, not `ep.nothing`.\n"
+        "```python\nep.fit  # `ep.fit` in code stays\n```\n"
+        "Already linked: [`ep.fit`][eqxprob.fit].\n"
+    )
+    out = hooks.link(text, documented)
+    assert "[`ep.fit`][eqxprob.fit], build" in out
+    assert "[`ep.Bijector.from_value`][eqxprob.Bijector]" in out
+    assert "`ep.nothing`" in out and "[`ep.nothing`]" not in out
+    assert "```python\nep.fit  # `ep.fit` in code stays\n```" in out
+    assert out.count("[`ep.fit`][eqxprob.fit]") == 2  # no double linking
