@@ -528,9 +528,10 @@ def _trace_loss(problem: _Problem, params: PyTree, static: PyTree, data, keys):
     call = "loss_fn(model" + (", batch" if data is not None else "")
     call += ", key=key)" if problem.takes_key else ")"
     try:
-        out = jax.eval_shape(
-            lambda p: problem.value(p, static, data, jnp.int32(0), keys), params
-        )
+        closed, out = jax.make_jaxpr(
+            lambda p: problem.value(p, static, data, jnp.int32(0), keys),
+            return_shape=True,
+        )(params)
     except TypeError as e:
         if "argument" not in str(e):
             raise
@@ -550,6 +551,22 @@ def _trace_loss(problem: _Problem, params: PyTree, static: PyTree, data, keys):
             f"{out.shape} and dtype {out.dtype}. Reduce it (e.g. `jnp.sum`) and "
             "keep it real (`jnp.real`, `.astype(float)`)."
         )
+    if not _depends_on_inputs(closed.jaxpr):
+        raise ValueError(
+            f"fit: `{call}` does not depend on any trainable parameter of the "
+            "model, so training would change nothing (every loss the same). Use "
+            "the model's arrays in the loss; Python floats and ints are static, "
+            "and `ep.Frozen` values are not trained."
+        )
+
+
+def _depends_on_inputs(jaxpr: Any) -> bool:
+    """Whether any input of `jaxpr` is read by an equation or returned (a
+    conservative test: an input read only by discarded work counts as used).
+    Compared by identity, so literals never match."""
+    inputs = {id(v) for v in jaxpr.invars}
+    used = [*jaxpr.outvars, *(v for eqn in jaxpr.eqns for v in eqn.invars)]
+    return any(id(v) in inputs for v in used)
 
 
 def _strong(tree: PyTree) -> PyTree:

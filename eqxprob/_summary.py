@@ -58,6 +58,7 @@ class Summary:
     import eqxprob as ep
 
     table = ep.summary({"scale": ep.positive(2.0)})
+    table.print()  # with rich where installed, else plain text
     assert table.rows[0].bijector == "softplus"
     assert "<table>" in table._repr_html_()
     ```
@@ -80,6 +81,15 @@ class Summary:
 
     def __repr__(self) -> str:
         return str(self)
+
+    def print(self) -> None:
+        """Print the table: with `rich` where it is installed, else as text."""
+        try:
+            import rich
+        except ImportError:
+            print(self)
+        else:
+            rich.print(self)
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{c}</th>" for c in _COLUMNS)

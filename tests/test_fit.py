@@ -618,3 +618,26 @@ def test_a_gpjax_model_fits_unchanged_like_gpx_fit():
             progress=False,
         )  # fmt: skip
         assert float(paramax.unwrap(ours.prior.kernel.variance)) == 0.7
+
+
+def test_a_loss_that_ignores_the_trainable_parameters_is_an_error():
+    # Python floats given to FixedDistrax are trainable leaves, but this loss
+    # never reads them: 50 identical losses would be no training at all.
+    model = ep.FixedDistrax(distrax.Normal, 0.0, 1.0)
+    with pytest.raises(ValueError, match="does not depend on any trainable"):
+        ep.fit(
+            model,
+            lambda d: jnp.asarray(1.0),
+            optimiser=optax.sgd(0.1),
+            steps=50,
+            progress=False,
+        )
+    # the same model with a loss that reads it trains
+    trained, losses = ep.fit(
+        model,
+        lambda d: (d.mean() - 2.0) ** 2,
+        optimiser=optax.sgd(0.1),
+        steps=50,
+        progress=False,
+    )
+    assert losses[-1] < losses[0] and abs(float(trained.loc) - 2.0) < 1e-3
