@@ -1,9 +1,12 @@
-"""mkdocs hook: every `ep.name` mentioned in inline code becomes a cross-link to
-its API entry (autorefs), outside fenced code blocks.
+"""mkdocs hook: every `ep.name` in inline code becomes a cross-link to its API entry,
+in the pages and in the docstrings they render alike.
 
-Only names documented with a `::: eqxprob.<name>` directive in `docs/api/` are
-linked (a dotted mention such as `ep.Bijector.from_value` links to `eqxprob.Bijector`),
-so a strict build never meets a reference it cannot resolve.
+It runs on each page's HTML (`on_page_content`, before mkdocs-autorefs resolves
+references) and wraps `<code>ep.name</code>` in an autorefs reference to
+`eqxprob.name`, except inside links and code blocks. Only names documented with a
+`::: eqxprob.<name>` directive in `docs/api/` are linked (a dotted mention such as
+`ep.Bijector.from_value` links to `eqxprob.Bijector`), so a strict build never meets
+a reference it cannot resolve.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import re
 
 _API = pathlib.Path(__file__).parent / "api"
 _DIRECTIVE = re.compile(r"^:::\s+eqxprob\.([\w.]+)\s*$", re.MULTILINE)
-_FENCE = re.compile(r"(^```.*?^```)", re.DOTALL | re.MULTILINE)
-# `ep.name` or `ep.name.more`, not already inside a link's text: [`ep.x`][...]
-_MENTION = re.compile(r"(?<!\[)`ep\.([A-Za-z_]\w*)((?:\.\w+)*)`(?!\]\[)")
+# Links and preformatted blocks are left alone; everything between them is prose.
+_SKIP = re.compile(r"(<a\b.*?</a>|<pre\b.*?</pre>|<autoref\b.*?</autoref>)", re.DOTALL)
+_MENTION = re.compile(r"<code>ep\.([A-Za-z_]\w*)((?:\.\w+)*)</code>")
 
 
 def _documented() -> set[str]:
@@ -26,26 +29,21 @@ def _documented() -> set[str]:
     return names
 
 
-def link(markdown: str, documented: set[str]) -> str:
-    """`markdown` with documented `ep.*` mentions linked, code blocks untouched."""
+def link(html: str, documented: set[str]) -> str:
+    """`html` with documented `ep.*` mentions wrapped in autorefs references."""
 
     def replace(match: re.Match) -> str:
         name, rest = match.group(1), match.group(2)
-        dotted = name + rest
-        if dotted in documented:
-            target = dotted
-        elif name in documented:
-            target = name
-        else:
+        target = name + rest if name + rest in documented else name
+        if target not in documented:
             return match.group(0)
-        return f"[`ep.{dotted}`][eqxprob.{target}]"
+        return f'<autoref identifier="eqxprob.{target}">{match.group(0)}</autoref>'
 
-    parts = _FENCE.split(markdown)
+    parts = _SKIP.split(html)
     return "".join(
-        part if part.startswith("```") else _MENTION.sub(replace, part)
-        for part in parts
+        part if _SKIP.fullmatch(part) else _MENTION.sub(replace, part) for part in parts
     )
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    return link(markdown, _documented())
+def on_page_content(html: str, page, config, files) -> str:
+    return link(html, _documented())

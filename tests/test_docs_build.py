@@ -57,14 +57,16 @@ def test_ep_mentions_become_cross_links_outside_code_blocks():
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
     documented = {"fit", "Bijector"}
-    text = (
-        "Train with `ep.fit`, build `ep.Bijector.from_value`, not `ep.nothing`.\n"
-        "```python\nep.fit  # `ep.fit` in code stays\n```\n"
-        "Already linked: [`ep.fit`][eqxprob.fit].\n"
+    html = (
+        "<p>Train with <code>ep.fit</code>, build <code>ep.Bijector.from_value</code>"
+        ", not <code>ep.nothing</code>.</p>"
+        "<pre><code>ep.fit  # <code>ep.fit</code> in code stays</code></pre>"
+        '<p>Linked: <a href="x"><code>ep.fit</code></a>.</p>'
     )
-    out = hooks.link(text, documented)
-    assert "[`ep.fit`][eqxprob.fit], build" in out
-    assert "[`ep.Bijector.from_value`][eqxprob.Bijector]" in out
-    assert "`ep.nothing`" in out and "[`ep.nothing`]" not in out
-    assert "```python\nep.fit  # `ep.fit` in code stays\n```" in out
-    assert out.count("[`ep.fit`][eqxprob.fit]") == 2  # no double linking
+    out = hooks.link(html, documented)
+    fit = '<autoref identifier="eqxprob.fit"><code>ep.fit</code></autoref>'
+    assert f"Train with {fit}, build" in out
+    assert '<autoref identifier="eqxprob.Bijector"><code>ep.Bijector.' in out
+    assert "<code>ep.nothing</code>" in out and "eqxprob.nothing" not in out
+    assert "<pre><code>ep.fit  # <code>ep.fit</code> in code stays</code></pre>" in out
+    assert out.count("<autoref") == 2  # nothing inside links or code blocks
