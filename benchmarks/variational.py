@@ -43,6 +43,17 @@ def loglik(m):
     return jnp.sum(distrax.Bernoulli(logits=X @ m.w).log_prob(Y))
 
 
+def _adam_step(loss):
+    """One jitted adam step on `loss(params, key)`."""
+
+    def step(p, state, key):
+        value, grads = jax.value_and_grad(loss)(p, key)
+        updates, state = OPTIMISER.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, value
+
+    return jax.jit(step)
+
+
 def eqxprob_step():
     guide = ep.guide(Logistic(jnp.zeros(D)))
     params, static = eqx.partition(guide, ep.trainable(guide))
@@ -50,12 +61,7 @@ def eqxprob_step():
     def loss(p, key):
         return -ep.elbo(eqx.combine(p, static), loglik, key)
 
-    def step(p, state, key):
-        value, grads = jax.value_and_grad(loss)(p, key)
-        updates, state = OPTIMISER.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, value
-
-    return jax.jit(step), (params, OPTIMISER.init(params))
+    return _adam_step(loss), (params, OPTIMISER.init(params))
 
 
 def hand_step():
@@ -69,12 +75,7 @@ def hand_step():
         entropy = jnp.sum(0.5 * jnp.log(2 * jnp.pi * jnp.e) + jnp.log(scale))
         return -(ll + prior + entropy)
 
-    def step(p, state, key):
-        value, grads = jax.value_and_grad(loss)(p, key)
-        updates, state = OPTIMISER.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, value
-
-    return jax.jit(step), (params, OPTIMISER.init(params))
+    return _adam_step(loss), (params, OPTIMISER.init(params))
 
 
 def numpyro_step():

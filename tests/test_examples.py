@@ -227,10 +227,11 @@ def test_nuts_blackjax_runs(examples, capsys):
     assert "divergent transitions" in out
 
 
-def test_sharded_gp_equals_single_device_on_8_devices():
+def _on_8_devices(code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter that XLA gives 8 host devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     result = subprocess.run(
-        [sys.executable, "-c", "import sharded_gp; print(sharded_gp.main(n=64))"],
+        [sys.executable, "-c", code],
         cwd=EXAMPLES,
         env=env,
         capture_output=True,
@@ -238,6 +239,11 @@ def test_sharded_gp_equals_single_device_on_8_devices():
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_sharded_gp_equals_single_device_on_8_devices():
+    result = _on_8_devices("import sharded_gp; print(sharded_gp.main(n=64))")
     assert "devices: 8" in result.stdout
     single, sharded = eval(result.stdout.strip().splitlines()[-1])
     assert abs(single - sharded) <= 1e-8 * max(1.0, abs(single))
@@ -313,21 +319,12 @@ def test_svgp_classification_nears_the_bayes_classifier(examples, capsys):
 
 
 def test_svgp_sharded_over_8_devices_equals_single_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     code = (
         "import svgp_classification as s; r = s.main(n=800, m=16, steps=60, "
         "batch=128, devices=8, n_test=200, out=None, progress=False); "
         "print(r['max_difference'])"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=EXAMPLES,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = _on_8_devices(code)
     assert "sharded over 8 devices" in result.stdout
     # Same key, same minibatches: final parameters and the ELBO trace agree.
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-6
