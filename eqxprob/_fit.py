@@ -305,8 +305,8 @@ def fit(
     `ep.NonFiniteLossError` when a loss or gradient is not finite (with the step,
     the model with its last finite parameters, and the losses so far);
     `TypeError`/`ValueError` naming the argument for a model with nothing to
-    train, a loss that does not return a real scalar, an optimiser that was not
-    called, and the like.
+    train, a loss that does not return a real scalar or reads no trainable
+    parameter, an optimiser that was not called, and the like.
 
     **Example:**
 
