@@ -342,6 +342,10 @@ def fit(
             )
     else:
         rows = _check_data(data)
+        # NumPy rows are indexed by traced minibatch indices: make them JAX arrays.
+        data = jtu.tree_map(
+            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, data
+        )
         if batch_size is not None:
             batch_size = _check_int("batch_size", batch_size)
             if batch_size > rows:
@@ -376,7 +380,21 @@ def fit(
         )
     problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key)
     _check_loss(problem, params, static, data, keys)
-    opt_state = _init(params, problem.optimiser) if state is None else state.opt_state
+    if state is None:
+        opt_state = _init(params, problem.optimiser)
+    else:
+        expected = jax.eval_shape(optimiser.init, params)
+        got = jax.eval_shape(lambda s: s, state.opt_state)
+        if jtu.tree_structure(expected) != jtu.tree_structure(got) or any(
+            (a.shape, a.dtype) != (b.shape, b.dtype)
+            for a, b in zip(jtu.tree_leaves(expected), jtu.tree_leaves(got))
+        ):
+            raise ValueError(
+                "fit: `state` does not match this model and optimiser (its "
+                "optimiser state has another structure, shape or dtype). Pass the "
+                "`FitState` of a fit of the same model with the same optimiser."
+            )
+        opt_state = state.opt_state
     params, opt_state = _place_like((params, opt_state), data)
     first = 0 if state is None else state.step
 

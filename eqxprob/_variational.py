@@ -14,6 +14,7 @@ registry's prior scoring (with its support and shape checks) for the prior term.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -194,6 +195,14 @@ class Guide(eqx.Module):
         """log q of `model`'s unconstrained random parameters."""
         raw = _metadata.unconstrain(model, self.overrides)
         leaves = jtu.tree_leaves(raw, is_leaf=_parameter.is_node)
+        for r in self.randoms:
+            if jnp.shape(leaves[r.index]) != r.shape:
+                raise ValueError(
+                    f"Guide.log_prob: `{r.label}` has shape "
+                    f"{jnp.shape(leaves[r.index])}, the guide's has {r.shape}. Pass "
+                    "one model; for a batch of draws use "
+                    "`jax.vmap(guide.log_prob)(draws)`."
+                )
         u = jnp.concatenate([jnp.ravel(leaves[r.index]) for r in self.randoms])
         return self.distribution.log_prob(u)
 
@@ -272,8 +281,18 @@ def guide(
             f"guide: `family` must be 'mean_field', 'full_rank' or 'low_rank', got "
             f"{family!r}."
         )
-    if not (isinstance(init_scale, (int, float)) and init_scale > 0):
+    try:
+        init_scale = float(init_scale)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"guide: `init_scale` must be a positive number, got {init_scale!r}."
+        ) from None
+    if not (0 < init_scale < np.inf):
         raise ValueError(f"guide: `init_scale` must be > 0, got {init_scale!r}.")
+    if family == "low_rank" and (
+        isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1
+    ):
+        raise ValueError(f"guide: `rank` must be a positive integer, got {rank!r}.")
     raw = _metadata.unconstrain(model, overrides)
     items, treedef = _metadata.entries(model, overrides)
     raw_items = jtu.tree_leaves(raw, is_leaf=_parameter.is_node)
@@ -295,6 +314,15 @@ def guide(
                     _gaussian_prior(spec.prior, transform),
                 )
             )  # fmt: skip
+            start_lp = _metadata.score_prior(label, spec.prior, item)
+            if not _errors.is_traced(start_lp) and not bool(jnp.isfinite(start_lp)):
+                raise ValueError(
+                    f"guide: the value of `{label}` is outside the support of its "
+                    f"prior {type(spec.prior).__name__} (log prior {start_lp}). Start "
+                    "it inside, and give it the matching constraint (e.g. "
+                    "`constraint=ep.constraints.positive` for a Gamma prior) so that "
+                    "samples stay inside too."
+                )
             pieces.append(jnp.ravel(value))
             start += value.size
             leaves.append(_Slot(value.shape, value.dtype))
@@ -387,7 +415,7 @@ def elbo(
         raise TypeError(
             f"elbo: `guide` must come from `ep.guide`, got {type(guide).__name__}."
         )
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int):
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
         raise TypeError(f"elbo: `num_samples` must be an int, got {num_samples!r}.")
     if num_samples < 1:
         raise ValueError(f"elbo: `num_samples` must be >= 1, got {num_samples}.")

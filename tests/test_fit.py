@@ -641,3 +641,61 @@ def test_a_loss_that_ignores_the_trainable_parameters_is_an_error():
         progress=False,
     )
     assert losses[-1] < losses[0] and abs(float(trained.loc) - 2.0) < 1e-3
+
+
+def test_structural_keys_see_changes_the_loss_reads():
+    """A fresh compile whenever what the loss reads has changed: globals read in
+    a comprehension, attributes of objects, bound methods and callable objects."""
+    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+
+    class Config:
+        pass
+
+    config = Config()
+    config.target = 1.0
+    loss = lambda x: sum([(x[i] - config.target) ** 2 for i in range(2)])  # noqa: E731
+    np.testing.assert_allclose(ep.fit(jnp.zeros(2), loss, **kw)[0], 1.0, atol=1e-3)
+    config.target = 3.0
+    np.testing.assert_allclose(ep.fit(jnp.zeros(2), loss, **kw)[0], 3.0, atol=1e-3)
+
+    class Target:
+        def __init__(self):
+            self.t = 1.0
+
+        def __call__(self, x):
+            return jnp.sum((x - self.t) ** 2)
+
+    target = Target()
+    np.testing.assert_allclose(ep.fit(jnp.zeros(2), target, **kw)[0], 1.0, atol=1e-3)
+    target.t = 4.0
+    np.testing.assert_allclose(ep.fit(jnp.zeros(2), target, **kw)[0], 4.0, atol=1e-3)
+    np.testing.assert_allclose(
+        ep.fit(jnp.zeros(2), target.__call__, **kw)[0], 4.0, atol=1e-3
+    )
+
+
+def test_numpy_minibatch_data_and_mismatched_states():
+    data = np.linspace(0.0, 2.0, 8)
+
+    def run(rows):
+        return ep.fit(
+            jnp.array(0.0),
+            lambda m, b: jnp.mean((b - m) ** 2),
+            optimiser=optax.adam(0.1),
+            steps=50,
+            data=rows,
+            batch_size=4,
+            key=jax.random.key(0),
+            progress=False,
+        )
+
+    (a, la), (b, lb) = run(data), run(jnp.asarray(data))  # NumPy rows as JAX's
+    assert a == b and np.array_equal(la, lb)
+    loss = lambda x: jnp.sum((x - 1.0) ** 2)  # noqa: E731
+    _, _, state = ep.fit(
+        jnp.zeros(2), loss, optimiser=optax.adam(0.1), steps=5, progress=False,
+        return_state=True,
+    )  # fmt: skip
+    for model, opt in ((jnp.zeros(3), optax.adam(0.1)), (jnp.zeros(2), optax.sgd(0.1))):
+        with pytest.raises(ValueError, match="`state` does not match"):
+            ep.fit(model, loss, optimiser=opt, steps=5, progress=False, state=state)

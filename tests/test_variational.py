@@ -316,3 +316,23 @@ def test_bad_inputs(name):
     make, error, match = BAD[name]
     with jax.enable_x64(True), pytest.raises(error, match=match):
         make()
+
+
+def test_guide_checks_found_by_the_red_team():
+    class B(eqx.Module):
+        r: jax.Array = ep.field(prior=distrax.Gamma(2.0, 1.0))
+
+    with pytest.raises(ValueError, match=r"`r` is outside the support of its prior"):
+        ep.guide(B(-jnp.ones(2)))
+    q = ep.guide(Rate(jnp.array([1.5, 0.5]), jnp.array(0.0), jnp.array(2.0)))
+    draws = q.sample(jax.random.key(0), 5)
+    with pytest.raises(ValueError, match=r"jax.vmap\(guide.log_prob\)"):
+        q.log_prob(draws)
+    assert jax.vmap(q.log_prob)(draws).shape == (5,)
+    with pytest.raises(ValueError, match="`rank` must be a positive integer"):
+        ep.guide(Regression(jnp.zeros(2)), "low_rank", rank=0)
+    ep.guide(Regression(jnp.zeros(2)), init_scale=np.float32(0.2))
+    value = ep.elbo(
+        q, lambda m: jnp.sum(m.rate), jax.random.key(0), num_samples=np.int64(3)
+    )
+    assert np.isfinite(value)
