@@ -79,6 +79,13 @@ def _key(constraint: Constraint) -> tuple:
     )
 
 
+def holds(constraint: Constraint, value: Any) -> Any:
+    """`constraint.check(value)`: on the host (NumPy, compiles nothing) for a
+    concrete value, with JAX for a traced one."""
+    v = _errors.host(value)
+    return constraint.check(v) if _errors.is_traced(v) else constraint._host_check(v)
+
+
 def validate(constraint: Constraint, value: Array, name: str) -> Array:
     """Return `value`, or raise `ValueError` naming `name` if it is outside
     `constraint` (an `eqx.error_if` with the same message under `jit`)."""
@@ -88,8 +95,7 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
             f"{name}: {constraint!r} {problem}, but the value has shape "
             f"{tuple(np.shape(value))}."
         )
-    v = _errors.host(value)
-    ok = constraint.check(v) if _errors.is_traced(v) else constraint._host_check(v)
+    ok = holds(constraint, value)
     batch = tuple(np.shape(value))[: np.ndim(value) - constraint.event_ndim]
     if not _errors.broadcasts_to(np.shape(ok), batch):
         raise TypeError(

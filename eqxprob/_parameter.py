@@ -97,18 +97,11 @@ def to_unconstrained(
             f"{constraint!r} (a value too close to the boundary for the dtype)",
             "Move the value further inside the support, or use float64.",
         ),
-        (
-            near,
-            f"has the bijector {_transforms.describe(transform)}, whose range "
-            f"leaves its constraint {constraint!r}",
-            "Pass a bijector onto the constraint's support, or drop `bijector=` to "
-            "use the constraint's default.",
-        ),
+        (near, *_range_leaves(transform, constraint)),
     ):
         if output is None:
             continue
-        o = _errors.host(output)
-        ok = constraint.check(o) if _errors.is_traced(o) else constraint._host_check(o)
+        ok = _constraint.holds(constraint, output)
         param = _errors.check(
             param, ~ok, f"{name} {what}", fix, f"{name} = {_errors.short(value)}"
         )
@@ -164,16 +157,24 @@ def probe_range(
     """Eagerly check that `transform`'s outputs near `param` lie in `constraint`."""
     if _errors.is_traced(param):
         return
-    near = _near(transform, param)
-    ok = constraint._host_check(np.asarray(near))
+    ok = _constraint.holds(constraint, np.asarray(_near(transform, param)))
+    what, fix = _range_leaves(transform, constraint)
     _errors.check(
         param,
         ~ok,
-        f"{name} has the bijector {_transforms.describe(transform)}, whose range "
-        f"leaves its constraint {constraint!r}",
+        f"{name} {what}",
+        fix,
+        f"{name} (unconstrained) = {_errors.short(param)}",
+    )
+
+
+def _range_leaves(transform: Any, constraint: Constraint) -> tuple[str, str]:
+    """The message (what, fix) for a bijector whose range leaves its constraint."""
+    return (
+        f"has the bijector {_transforms.describe(transform)}, whose range leaves "
+        f"its constraint {constraint!r}",
         "Pass a bijector onto the constraint's support, or drop `bijector=` to use "
         "the constraint's default.",
-        f"{name} (unconstrained) = {_errors.short(param)}",
     )
 
 
