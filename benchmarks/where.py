@@ -129,6 +129,13 @@ LABELS = [
 SEEN = WHERES[0]
 
 
+def _closure(field):
+    return lambda s: getattr(s.network, field).bias
+
+
+CLOSURE = _closure("readout")
+
+
 # ----------------------------------------------------------------- timing
 
 ENTRIES = "entries = dict(zip(WHERES, range(5)))"
@@ -174,6 +181,11 @@ SECTIONS = {
             "pass",
         ),
         ("eqxprob where_labels, seen function", "ep.where_labels(SEEN)", "pass"),
+        (  # reads a closure variable: never cached, recorded at every call
+            "eqxprob where_labels, closure (uncached)",
+            "ep.where_labels(CLOSURE)",
+            "pass",
+        ),
         ("dis bytecode", "dis_labels(SEEN)", "pass"),
         ("tree ids + eqx.tree_at", "tree_id_labels(SEEN, TREE)", "pass"),
     ],
@@ -249,6 +261,8 @@ def main():
     print(f"WhereDict[seen lambda]: {seen:.0f} ns (<= 1 µs), {seen / od:.1f}x (<= 20x)")
     print(f"WhereDict[label]: {results['WhereDict[label]'] / od:.2f}x (<= 2x)")
     print(f"first-time label: {first / 1000:.2f} µs (<= 5 µs)")
+    uncached = results["eqxprob where_labels, closure (uncached)"]
+    print(f"uncached (closure) label: {uncached / 1000:.2f} µs (<= 10 µs)")
 
 
 if __name__ == "__main__":

@@ -148,75 +148,43 @@ def _record(where: Where) -> PyTree[str]:
 
 # ----------------------------------------------------------------------- caching
 #
-# What a function returns for the recorder depends on its code and on what else
-# the code reads: closure cells, defaults (only if it has more than one positional
-# parameter, or keyword-only ones) and the globals it may load (builtins are taken
-# to be constant). Together these are its *state*. A label is cached only when the
-# state holds nothing but `int`, `str`, `None` and tuples of them, which cannot be
-# mutated in place and compare by value with no `1 == True == 1.0` mix-ups. The
-# state is read again at every call, so rebinding a closure variable or a global
-# is seen at once. Other states, and labels in lists or dicts (which the caller
-# could mutate), are recomputed at every call.
+# A label is cached only for code that reads nothing but its one argument: no
+# closure cells, no globals or builtins, no defaults, no nested code. Its label
+# then depends on the code object alone, so the cache is keyed by the code (and
+# shared by every lambda made from it). Anything else (a closure variable, a
+# global index, `len`) is recorded afresh at every call, about 2 µs, and so can
+# never go stale. Labels in lists or dicts, which the caller could mutate, are
+# not cached either.
 
 _CACHE_SIZE = 4096
-_MISSING = object()
-_SAFE_TYPES = frozenset({int, str, type(None)})
-# Opcodes through which code may read something besides its arguments, closure
-# cells and constants. The names they load are in `co_names`, mixed with attribute
-# names, which are then watched too: harmless, only conservative. Opcodes are
-# looked for in the whole bytecode, arguments included: a false hit is harmless.
-_GLOBAL_OPS = tuple(
+_UNCACHED = object()
+# Opcodes through which code may read something besides its argument and its
+# constants. They are looked for as bytes in the whole bytecode, arguments
+# included: a false hit only means the label is not cached.
+_READS_OUTSIDE = tuple(
     opcode.opmap[name]
-    for name in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS")
+    for name in (
+        "LOAD_GLOBAL",
+        "LOAD_NAME",
+        "LOAD_FROM_DICT_OR_GLOBALS",
+        "LOAD_DEREF",
+        "LOAD_CLASSDEREF",
+        "IMPORT_NAME",
+    )
     if name in opcode.opmap
 )
-_IMPORT_NAME = opcode.opmap["IMPORT_NAME"]
-# function -> (code, label, global names, state, or None if the code alone matters)
-_by_function: dict[FunctionType, tuple[Any, ...]] = {}
-# id(code) -> (code, global names or None if never cached, whether the code alone
-#              matters, {state or None: label})
-_by_code: dict[int, tuple[CodeType, tuple[str, ...] | None, bool, dict]] = {}
+# id(code) -> (code, label or _UNCACHED); id, since hashing a code object is slow.
+_by_code: dict[int, tuple[CodeType, Any]] = {}
 
 
-def _global_names(code: CodeType) -> tuple[str, ...] | None:
-    """The global names `code` may load, or `None` if it imports (never cached)."""
-    bytecode = code.co_code
-    if _IMPORT_NAME in bytecode:
-        return None
-    names = ()
-    for op in _GLOBAL_OPS:
-        if op in bytecode:
-            names = code.co_names
-            break
-    for const in code.co_consts:
-        if type(const) is CodeType:
-            inner = _global_names(const)
-            if inner is None:
-                return None
-            names += inner
-    return names
-
-
-def _state(f: FunctionType, names: tuple[str, ...]) -> tuple[Any, ...]:
-    """Everything but its code that `f` may read besides its argument."""
-    closure, kwdefaults = f.__closure__, f.__kwdefaults__
-    state = (f.__defaults__,)
-    if closure is not None:
-        state += tuple([cell.cell_contents for cell in closure])
-    if kwdefaults is not None:
-        state += (*kwdefaults, *kwdefaults.values())
-    if names:
-        get = f.__globals__.get
-        state += tuple([get(name, _MISSING) for name in names])
-    return state
-
-
-def _is_safe(values: tuple[Any, ...]) -> bool:
-    for x in values:
-        if type(x) not in _SAFE_TYPES and x is not _MISSING:
-            if type(x) is not tuple or not _is_safe(x):
-                return False
-    return True
+def _reads_only_its_argument(code: CodeType) -> bool:
+    return (
+        code.co_argcount <= 1
+        and not code.co_kwonlyargcount
+        and not code.co_freevars
+        and not any(op in code.co_code for op in _READS_OUTSIDE)
+        and not any(type(const) is CodeType for const in code.co_consts)
+    )
 
 
 def _is_frozen(label: PyTree[str]) -> bool:
@@ -226,66 +194,21 @@ def _is_frozen(label: PyTree[str]) -> bool:
 
 
 def _function_label(f: FunctionType) -> PyTree[str]:
-    entry = _by_function.get(f)
-    if entry is not None and f.__code__ is entry[0]:
-        _, label, names, state = entry
-        if state is None:
-            return label
-        try:
-            current = _state(f, names)
-        except ValueError:  # a closure cell was emptied with `del`
-            current = ()
-        if len(current) == len(state) and all(map(operator.is_, current, state)):
-            return label
-    return _new_function_label(f)
-
-
-def _new_function_label(f: FunctionType) -> PyTree[str]:
     code = f.__code__
-    info = _by_code.get(id(code))  # id: hashing a code object is slow
-    if info is None or info[0] is not code:
-        names = _global_names(code)
-        # Called with one positional argument, a function with at most one
-        # positional parameter and no keyword-only ones never uses its defaults.
-        code_alone = (
-            names == ()
-            and not code.co_freevars
-            and code.co_argcount <= 1
-            and not code.co_kwonlyargcount
-        )
-        info = (code, names, code_alone, {})
-        if len(_by_code) >= _CACHE_SIZE:  # each cache is simply emptied when full
-            _by_code.clear()
-        _by_code[id(code)] = info
-    _, names, code_alone, labels = info
-    if code_alone:
-        state = None
-    elif names is None:
-        return _record(f)
-    else:
-        try:
-            state = _state(f, names)
-        except ValueError:  # an empty closure cell: let the call raise NameError
-            return _record(f)
-        if not _is_safe(state):
-            return _record(f)
-    label = labels.get(state, _MISSING)
-    if label is _MISSING:
-        label = _record(f)
-        if type(label) is not str and not _is_frozen(label):
-            return label  # a list or dict, which the caller could mutate
-        if len(labels) >= _CACHE_SIZE:
-            labels.clear()
-        labels[state] = label
-    if len(_by_function) >= _CACHE_SIZE:
-        _by_function.clear()
-    _by_function[f] = (code, label, names, state)
+    entry = _by_code.get(id(code))
+    if entry is not None and entry[0] is code:
+        label = entry[1]
+        return _record(f) if label is _UNCACHED else label
+    label = _record(f)  # raises for a function that does not select: not cached
+    if len(_by_code) >= _CACHE_SIZE:  # simply emptied when full
+        _by_code.clear()
+    cacheable = _reads_only_its_argument(code) and _is_frozen(label)
+    _by_code[id(code)] = (code, label if cacheable else _UNCACHED)
     return label
 
 
 def _clear_caches() -> None:
     """Forget every cached label (for benchmarks and tests)."""
-    _by_function.clear()
     _by_code.clear()
     _parse.cache_clear()
 
@@ -359,15 +282,12 @@ def where_labels(where: Where | str) -> PyTree[str]:
     `jax.tree_util.keystr(())`. A label parses back into a where-function, so
     labels may be used wherever where-functions are.
 
-    Labels are cached. Besides its code, a where-function may read closure cells,
-    default arguments and globals; these are read again at every call and
-    compared with the cached ones, so `lambda m, i=i: m.layers[i]`, or a closure
-    over a loop variable, gives `"layers[0]"`, `"layers[1]"`, ... as `i` changes.
-    A label is cached only when all those values are `int`, `str`, `None` or
-    tuples of them, which cannot change in place; with anything else (a list, an
-    array, an object whose attribute is read) it is recomputed at every call:
-    slower, never stale. So are labels returned in a list or dict, which the
-    caller could mutate. Builtins are taken to be constant.
+    Labels are cached only for functions that read nothing but their argument
+    (no closure variables, globals, builtins or defaults), whose label depends
+    on their code alone; every lambda made from that code shares the entry. Any
+    other function, e.g. `lambda m, i=i: m.layers[i]` or a closure over a loop
+    variable, is recorded afresh at every call (about 2 µs), so its label follows
+    the values it reads and is never stale.
 
     **Arguments:**
 
@@ -593,11 +513,12 @@ class WhereDict(dict):
 
     def __missing__(self, key: Any) -> Any:
         # Reached for every key but a label present. First, inlined, the fast path
-        # of `_function_label`: a where-function seen before, whose code alone
-        # determines its label.
-        entry = _by_function.get(key)
-        if entry is not None and entry[3] is None and entry[0] is key.__code__:
-            return self[entry[1]]
+        # of `_function_label`: a where-function whose code has a cached label.
+        if type(key) is FunctionType:
+            code = key.__code__
+            entry = _by_code.get(id(code))
+            if entry is not None and entry[0] is code and type(entry[1]) is str:
+                return self[entry[1]]
         if isinstance(key, str):
             labels = ", ".join(map(repr, self)) or "none"
             raise KeyError(
