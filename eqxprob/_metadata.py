@@ -18,7 +18,8 @@ Every transform goes through `_transforms` and every check through
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -28,7 +29,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, PyTree
 
-from . import _constraint, _errors, _parameter, _support, _transforms
+from . import _constraint, _errors, _families, _parameter, _support, _transforms
 from ._constraint import Constraint
 from ._where import WhereDict, where_labels, where_paths
 from ._wrappers import FixedDistrax
@@ -192,12 +193,17 @@ def label_of(path: tuple) -> str:
     return jtu.keystr(path).lstrip(".") or "(root)"
 
 
+@functools.lru_cache(maxsize=4096)
+def _class_specs(cls: type) -> dict[str, ParamSpec]:
+    """`{field name: spec}` of a dataclass type's annotated fields."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    specs = {f.name: f.metadata.get(_METADATA_KEY) for f in dataclasses.fields(cls)}
+    return {name: spec for name, spec in specs.items() if spec is not None}
+
+
 def _field_spec(node: Any, name: str) -> ParamSpec | None:
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        for f in dataclasses.fields(node):
-            if f.name == name:
-                return f.metadata.get(_METADATA_KEY)
-    return None
+    return _class_specs(type(node)).get(name)
 
 
 def _child(node: Any, key: Any) -> Any:
@@ -208,16 +214,27 @@ def _child(node: Any, key: Any) -> Any:
     return None  # a custom node: metadata below it is not read
 
 
-def _metadata_spec(model: Any, path: tuple) -> ParamSpec | None:
-    """The innermost field metadata along `path` (a field annotates its subtree)."""
-    spec, node = None, model
-    for key in path:
-        if node is None:
-            break
-        if isinstance(key, jtu.GetAttrKey):
-            spec = _field_spec(node, key.name) or spec
-        node = _child(node, key)
-    return spec
+def _step(spec: ParamSpec | None, node: Any, key: Any) -> tuple:
+    """`(spec, child)` one key down: a field's metadata annotates its subtree."""
+    if node is None:
+        return spec, None
+    if isinstance(key, jtu.GetAttrKey):
+        spec = _field_spec(node, key.name) or spec
+    return spec, _child(node, key)
+
+
+def _metadata_specs(model: Any, paths: list) -> list[ParamSpec | None]:
+    """The innermost field metadata along each path. Each parent is walked to
+    once (`memo`): the leaves of one list or array field share it."""
+    memo: dict[tuple, tuple] = {(): (None, model)}
+
+    def at(path: tuple) -> tuple:
+        got = memo.get(path)
+        if got is None:
+            got = memo[path] = _step(*at(path[:-1]), path[-1])
+        return got
+
+    return [_step(*at(path[:-1]), path[-1])[0] if path else None for path in paths]
 
 
 def hashable_overrides(overrides: Any) -> tuple:
@@ -258,7 +275,7 @@ def entries(model: Any, overrides: Any) -> tuple[list, Any]:
     """`(path, spec, item)` for every leaf or parameter node of `model` (one
     flatten, nodes as single items), and the treedef."""
     items, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
-    specs = [_metadata_spec(model, path) for path, _ in items]
+    specs = _metadata_specs(model, [path for path, _ in items])
     for prefix, spec in _override_specs(model, overrides):
         n = len(prefix)
         for i, (path, _) in enumerate(items):
@@ -279,34 +296,71 @@ def _map(
 
     With `batch(labels, spec, leaves) -> results`, concrete leaves that share an
     elementwise built-in transform and constraint go through it together, in one
-    compiled call rather than one per leaf (the results must equal `fn`'s)."""
+    compiled call rather than one per leaf (the results must equal `fn`'s). Its
+    `labels` are computed only when read (they name a parameter in an error)."""
     items, treedef = entries(model, overrides)
     out: list[Any] = [None] * len(items)
-    groups: dict[Any, list] = {}
+    groups: dict[int, list] = {}
+    # Per call: (id(spec), kind of leaf) -> the number of its batch (or None); the
+    # batch keys hold transforms, slow to hash, so each is hashed once.
+    seen: dict[tuple, int | None] = {}
+    numbers: dict[Any, int] = {}
     for i, (path, spec, item) in enumerate(items):
-        label = label_of(path)
         if _parameter.is_node(item):
-            out[i] = inside(label, spec, item)
+            out[i] = inside(label_of(path), spec, item)
             continue
-        group = None if batch is None else _group(label, spec, item)
-        if group is None:
-            out[i] = fn(label, spec, item)
+        group = None
+        if batch is not None and spec is not None:
+            kind = (id(spec), type(item), getattr(item, "dtype", None))
+            group = seen.get(kind, _UNSEEN)
+            if group is _UNSEEN:
+                key = _group(label_of(path), spec, item)
+                group = None if key is None else numbers.setdefault(key, len(numbers))
+                seen[kind] = group
+        if group is None:  # an unannotated leaf's label is never shown: not made
+            out[i] = fn("" if spec is None else label_of(path), spec, item)
         else:
-            groups.setdefault(group, []).append((i, label, spec, item))
+            groups.setdefault(group, []).append((i, path, spec, item))
     for members in groups.values():
         if len(members) == 1:
-            i, label, spec, item = members[0]
-            out[i] = fn(label, spec, item)
+            i, path, spec, item = members[0]
+            out[i] = fn(label_of(path), spec, item)
             continue
-        labels = [label for _, label, _, _ in members]
+        labels = _Labels([path for _, path, _, _ in members])
         results = batch(labels, members[0][2], [item for *_, item in members])
         for (i, *_), result in zip(members, results):
             out[i] = result
     return jtu.tree_unflatten(treedef, out)
 
 
+_UNSEEN = object()
+
+
+class _Labels(Sequence):
+    """The labels of some paths (or with `named`, "Parameter `label`"), each
+    computed when read: only an error message needs them."""
+
+    def __init__(self, paths: list, named: bool = False) -> None:
+        self._paths, self._named = paths, named
+
+    def names(self) -> _Labels:
+        return _Labels(self._paths, named=True)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def _one(self, path: tuple) -> str:
+        return _named(label_of(path)) if self._named else label_of(path)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._one(path) for path in self._paths[i]]
+        return self._one(self._paths[i])
+
+
 def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
-    """The batch a leaf can join (same transform, constraint, dtype), or `None`."""
+    """The batch a leaf can join (same transform, constraint, dtype), or `None`.
+    It depends only on the spec, the leaf's type and dtype (`_map` memoises it)."""
     if not is_parameter_leaf(label, spec, leaf) or spec.probe:
         return None
     if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
@@ -529,10 +583,9 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
         _check_node(label, spec, x)
         return x
 
-    def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
-        names = [_named(label) for label in labels]
+    def batch(labels: _Labels, spec: ParamSpec, leaves: list) -> list:
         return _parameter.to_unconstrained_many(
-            leaves, spec.transform(), spec.constraint, names
+            leaves, spec.transform(), spec.constraint, labels.names()
         )
 
     return _map(model, overrides, leaf, node, batch)
@@ -574,7 +627,7 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
             _parameter.probe_range(transform, u, spec.constraint, _named(label))
         return _errors.as_float(_transforms.forward(transform, u), label)
 
-    def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
+    def batch(labels: _Labels, spec: ParamSpec, leaves: list) -> list:
         return _parameter.forward_many(spec.transform(), leaves)
 
     return _map(raw_model, overrides, leaf, lambda label, spec, node: node, batch)
@@ -637,11 +690,10 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
             return _parameter.frozen(x)
         return x
 
-    def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
+    def batch(labels: _Labels, spec: ParamSpec, leaves: list) -> list:
         transform = spec.transform()
-        names = [_named(label) for label in labels]
         params = _parameter.to_unconstrained_many(
-            leaves, transform, spec.constraint, names
+            leaves, transform, spec.constraint, labels.names()
         )
         nodes = [_parameter.Bijector._unchecked(p, transform) for p in params]
         return nodes if spec.is_trainable else [_parameter.frozen(n) for n in nodes]
@@ -698,50 +750,95 @@ def log_prior(model: PyTree, overrides: Any = None) -> Array:
     parameter's (a scalar parameter under a prior of batch shape `(3,)` would be
     counted three times).
     """
-    entries_, _ = entries(model, overrides)
+    scored = [
+        (path, spec.prior, item)
+        for path, spec, item in entries(model, overrides)[0]
+        if spec is not None and spec.prior is not None
+    ]
+    # Nodes are scored at their values: all resolved in one call (batched).
+    values = _parameter.resolve([item for *_, item in scored])
     total = jnp.zeros(())
-    scalar: dict[int, bool] = {}  # id(prior) -> whether it is a scalar wrapper
-    groups: dict[int, tuple[Any, list]] = {}
-    for path, spec, item in entries_:
-        if spec is None or spec.prior is None:
-            continue
-        value = _parameter.resolve(item) if _parameter.is_node(item) else item
-        prior = spec.prior
-        if _scalar_wrapper(prior, scalar) and _concrete_float(value):
-            groups.setdefault(id(prior), (prior, []))[1].append(value)
-        else:
+    wrapped: dict[int, Any] = {}  # id(prior) -> a batchable FixedDistrax or None
+    groups: dict[tuple, list] = {}
+    for (path, prior, _), value in zip(scored, values):
+        key = None
+        if _concrete_float(value):
+            if id(prior) not in wrapped:
+                wrapped[id(prior)] = _batchable(prior)
+            if wrapped[id(prior)] is not None:
+                key = (id(prior), value.shape, value.dtype)
+        if key is None:
             total = total + score_prior(label_of(path), prior, value)
-    for prior, values in groups.values():  # one compiled call per shared prior
-        total = total + (
-            _score_many(prior, values)
-            if len(values) > 1
-            else score_prior("", prior, values[0])
-        )
+        else:
+            groups.setdefault(key, []).append((path, value))
+    for (prior_id, _, _), members in groups.items():
+        prior = wrapped[prior_id]
+        if len(members) == 1:
+            total = total + score_prior(label_of(members[0][0]), prior, members[0][1])
+            continue
+        _check_fit(label_of(members[0][0]), prior, members[0][1])
+        total = total + _score_many(prior, [value for _, value in members])
     return total
 
 
-def _scalar_wrapper(prior: Any, cache: dict[int, bool]) -> bool:
-    """A `FixedDistrax` prior with scalar batch and event shapes (then leaves
-    sharing it can be scored together)."""
-    known = cache.get(id(prior))
-    if known is None:
-        known = isinstance(prior, FixedDistrax) and (
-            _shape(prior.batch_shape) == () and _shape(prior.event_shape) == ()
-        )
-        cache[id(prior)] = known
-    return known
+def _batchable(prior: Any) -> Any:
+    """`prior` as a `FixedDistrax` (a pytree), so that values sharing it can be
+    scored in one compiled call; `None` if it cannot be wrapped."""
+    if isinstance(prior, FixedDistrax):
+        return prior
+    if _families.is_raw_distribution(prior):
+        try:
+            return _families.wrap_instance(prior)
+        except TypeError:
+            return None
+    return None
 
 
 def _concrete_float(x: Any) -> bool:
     return eqx.is_inexact_array(x) and not _errors.is_traced(x)
 
 
+def in_dtype(prior: Any, dtype: Any) -> Any:
+    """`prior` with its float arrays in `dtype`, so a parameter is scored in its
+    own precision: a float32 prior (say built at import, before x64 was enabled)
+    never silently promotes a float64 parameter's log-density, nor a float64
+    prior a float32 one. Raw distributions are wrapped (`_batchable`) first;
+    one that cannot be wrapped is returned unchanged."""
+    wrapped = _batchable(prior)
+    if wrapped is None:
+        return prior
+    leaves = jtu.tree_leaves(wrapped)
+    if all(
+        leaf.dtype == dtype or not jnp.issubdtype(leaf.dtype, jnp.floating)
+        for leaf in leaves
+        if eqx.is_array(leaf)
+    ):
+        return prior
+    return jtu.tree_map(
+        lambda x: (
+            x.astype(dtype)
+            if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
+            else x
+        ),
+        wrapped,
+    )
+
+
 @eqx.filter_jit
 def _score_many(prior: Any, values: list) -> Array:
-    flat = jnp.concatenate([jnp.ravel(v) for v in values])
-    lp = prior.log_prob(flat)
-    ok = _support.in_support(prior, flat)
+    prior = in_dtype(prior, values[0].dtype)
+    stacked = jnp.stack(values)  # (n, *shape): the prior broadcasts over n
+    ok = _support.in_support(prior, stacked)
+    lp = prior.log_prob(_support.feasible(prior, stacked, ok))
     return jnp.sum(lp if ok is None else jnp.where(ok, lp, -jnp.inf))
+
+
+def _check_fit(label: str, prior: Any, value: Any) -> None:
+    """`score_prior`'s shape checks, on shapes only (no values computed)."""
+    if _shape(prior.batch_shape) == () == _shape(prior.event_shape):
+        return  # a scalar prior fits every shape
+    shaped = jax.ShapeDtypeStruct(jnp.shape(value), value.dtype)
+    jax.eval_shape(lambda p, v: score_prior(label, p, v), prior, shaped)
 
 
 def score_prior(label: str, prior: Any, value: Any) -> Array:
@@ -749,6 +846,8 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
     checking that the prior's shapes fit the parameter's (it must not count an
     entry twice)."""
     value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.floating):
+        prior = in_dtype(prior, value.dtype)
     event = _shape(prior.event_shape)
     if value.ndim < len(event) or value.shape[value.ndim - len(event) :] != event:
         raise ValueError(
@@ -757,7 +856,8 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
         )
     batch = value.shape[: value.ndim - len(event)]
     try:
-        lp = prior.log_prob(value)
+        ok = _support.in_support(prior, value)
+        lp = prior.log_prob(_support.feasible(prior, value, ok))
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"The prior of `{label}` cannot score the parameter (shape "
@@ -771,7 +871,6 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
             "parameter more than once. Give the prior the parameter's shape (or "
             "a scalar one)."
         )
-    ok = _support.in_support(prior, value)
     if ok is not None:
         lp = jnp.where(ok, lp, -jnp.inf)
     return jnp.sum(lp)

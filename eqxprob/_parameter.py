@@ -14,6 +14,7 @@ shortcuts (`positive`, `bounded`, ...), `Bijector.from_value` and the registry
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -109,24 +110,33 @@ def to_unconstrained(
 
 
 def to_unconstrained_many(
-    values: list, transform: Any, constraint: Constraint | None, names: list[str]
+    values: list, transform: Any, constraint: Constraint | None, names: Sequence[str]
 ) -> list[Array]:
     """`to_unconstrained` of many concrete values sharing one elementwise
-    transform and constraint, in one compiled call (the eager registry's fast
-    path). The checks are the same; when one fails, the values are redone one at
-    a time, which raises the usual error naming the first bad one."""
-    values = [_errors.as_float(v, n) for v, n in zip(values, names)]
+    transform, constraint and dtype, in one compiled call (the eager registry's
+    fast path). The checks are the same; when one fails, the values are redone one
+    at a time, which raises the usual error naming the first bad one. `names` is
+    read only then. Float JAX arrays go in as they are (a weak type is dropped
+    inside the compiled call); anything else through `as_float` first."""
+    values = [
+        v
+        if isinstance(v, jax.Array) and jnp.issubdtype(v.dtype, jnp.floating)
+        else _errors.as_float(v, names[i])
+        for i, v in enumerate(values)
+    ]
     ok, params = _inverse_many(transform, constraint, values)
     if not bool(ok):
         return [
-            to_unconstrained(v, transform, constraint, n) for v, n in zip(values, names)
+            to_unconstrained(v, transform, constraint, names[i])
+            for i, v in enumerate(values)
         ]
     return params
 
 
 @eqx.filter_jit
 def _inverse_many(transform: Any, constraint: Any, values: list) -> tuple:
-    flat = jnp.concatenate([jnp.ravel(v) for v in values])
+    dtype = values[0].dtype  # one dtype per batch; any weak type is dropped
+    flat = jnp.concatenate([jnp.ravel(v).astype(dtype) for v in values])
     ok = jnp.isfinite(flat) if constraint is None else constraint.check(flat)
     param = _transforms.inverse(transform, flat, "")
     back = _transforms.forward(transform, param)
@@ -498,8 +508,51 @@ def resolve(tree: PyTree) -> PyTree:
     assert jnp.allclose(values["scale"], 2.0) and values["shift"] == 1.0
     ```
     """
-    return jtu.tree_map(_resolve_node, tree, is_leaf=_is_resolvable)
+    leaves, treedef = jtu.tree_flatten(tree, is_leaf=_is_resolvable)
+    out: list[Any] = [None] * len(leaves)
+    groups: dict[Any, list[int]] = {}
+    shared: dict[int, Any] = {}  # id(transform) -> how it is shared, per call
+    for i, x in enumerate(leaves):
+        key = _batch_key(x, shared) if type(x) is Bijector else None
+        if key is None:
+            out[i] = _resolve_node(x)
+        else:
+            groups.setdefault(key, []).append(i)
+    for members in groups.values():  # eager nodes sharing a transform: one call
+        if len(members) == 1:
+            out[members[0]] = _resolve_node(leaves[members[0]])
+            continue
+        transform = leaves[members[0]].transform
+        values = forward_many(transform, [leaves[i].param for i in members])
+        for i, value in zip(members, values):
+            out[i] = value
+    return jtu.tree_unflatten(treedef, out)
 
+
+def _batch_key(node: Bijector, shared: dict[int, Any]) -> Any:
+    """For an eager `Bijector` whose elementwise built-in transform can map many
+    parameters in one compiled call: what they must share. Else `None`."""
+    param, transform = node.param, node.transform
+    if type(param) is not _ARRAY or not jnp.issubdtype(param.dtype, jnp.floating):
+        return None
+    which = shared.get(id(transform), _UNSEEN)
+    if which is _UNSEEN:
+        which = shared[id(transform)] = _sharing(transform)
+    return None if which is None else (which, param.dtype)
+
+
+def _sharing(transform: Any) -> Any:
+    """How nodes can share `transform` in a batch: by value without arrays (the
+    transform itself, hashed once), by identity with them, `None` if not at all."""
+    if not isinstance(transform, _transforms.BUILT_INS) or transform.event_ndim:
+        return None
+    return transform if not jtu.tree_leaves(transform) else ("id", id(transform))
+
+
+_UNSEEN = object()
+
+
+_ARRAY = type(jnp.zeros(()))  # concrete arrays only: tracers are not batched
 
 resolve_all_bijectors = resolve
 
@@ -549,15 +602,24 @@ def _is_frozen_or_node(x: Any) -> bool:
 
 
 def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
+    transforms: dict[int, Any] = {}  # id(transform) -> its spec, per call
+
     def spec(x: Any) -> Any:
         if isinstance(x, Frozen) or (
             _is_paramax(x) and isinstance(x, _paramax().NonTrainable)
         ):
             return jtu.tree_map(lambda _: False, x)
         if isinstance(x, Bijector):
-            return Bijector._unchecked(
-                _trainable(x.param, True), _trainable(x.transform, False)
+            param, transform = x.param, x.transform
+            pspec = (
+                eqx.is_inexact_array(param)
+                if eqx.is_array(param)
+                else _trainable(param, True)
             )
+            tspec = transforms.get(id(transform))
+            if tspec is None:  # nodes often share one transform
+                tspec = transforms[id(transform)] = _trainable(transform, False)
+            return Bijector._unchecked(pspec, tspec)
         return default and eqx.is_inexact_array(x)
 
     return jtu.tree_map(spec, tree, is_leaf=_is_frozen_or_node)
