@@ -140,6 +140,7 @@ class UpdateOnEvent(eqx.Module):
     out, state = model(False, x, state)  # nan: nothing has happened yet
     out, state = model(True, x, state)   # 2.0
     out, state = model(False, x, state)  # 2.0 again; the counter is frozen
+    assert out == 2.0
     ```
     """
 

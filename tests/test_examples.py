@@ -38,10 +38,21 @@ def test_fit_distribution_recovers_the_sample_mean(examples, capsys):
     np.testing.assert_allclose(np.asarray(model.loc), [1.0, -2.0], atol=0.15)
 
 
-def test_update_on_event_example_runs(examples, capsys):
+def test_update_on_event_example_prints_the_running_moments(examples, capsys):
     examples("update_on_event").main()
-    out = capsys.readouterr().out
-    assert "step" in out and "mean" in out
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:-1]]
+    assert len(rows) == 12
+    seen = []  # the readings so far, for NumPy's mean and variance
+    for t, (step, new, reading, n, mean, var) in enumerate(rows):
+        assert int(step) == t and (new == "yes") == (reading != "nan")
+        if new == "yes":
+            seen.append(float(reading))
+        assert int(n) == len(seen)
+        ref_mean = np.mean(seen) if seen else np.nan
+        ref_var = np.var(seen, ddof=1) if len(seen) > 1 else np.nan
+        np.testing.assert_allclose(float(mean), ref_mean, atol=2e-3)
+        np.testing.assert_allclose(float(var), ref_var, atol=5e-3)
+    assert 2 <= len(seen) < 12  # the events both fire and skip
 
 
 def _inv_softplus(v):

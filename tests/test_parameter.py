@@ -374,7 +374,6 @@ def test_resolve_whole_tree_leaves_other_nodes_alone():
     again = ep.resolve(out)  # idempotent
     assert jtu.tree_structure(again) == jtu.tree_structure(out)
     assert all(a is b for a, b in zip(jtu.tree_leaves(again), jtu.tree_leaves(out)))
-    assert ep.resolve_all_bijectors is ep.resolve
 
 
 def test_resolve_innermost_first():

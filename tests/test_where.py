@@ -5,7 +5,6 @@ import functools
 import operator
 import pickle
 import re
-import textwrap
 
 import equinox as eqx
 import jax
@@ -571,18 +570,7 @@ def test_tree_at_all_names_a_missing_label():
         ep.tree_at_all(_state(), {"mechanics.nope": 1})
 
 
-# ------------------------------------------------------------------------- docs
-
-
-@pytest.mark.parametrize(
-    "name", ["where_labels", "where_paths", "WhereDict", "tree_at_all"]
-)
-def test_docstring_examples_run(name):
-    doc = getattr(ep, name).__doc__
-    blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
-    assert blocks and "**Arguments:**" in doc
-    for block in blocks:
-        exec(compile(textwrap.dedent(block), f"<{name} docstring>", "exec"), {})
+# ------------------------------------------------------------ selecting nothing
 
 
 def test_a_where_that_selects_nothing_is_a_type_error():

@@ -1,0 +1,39 @@
+"""Run the whole suite as strictly as Equinox runs its own.
+
+- Strict dtype promotion: mixing dtypes (a float32 leaf with a float64 one, an
+  int array with a float array) is an error rather than a silent promotion, so a
+  test sees any place where eqxprob would change a user's dtype.
+- Warnings are errors (`filterwarnings = ["error", ...]` in pyproject.toml);
+  upstream warnings that eqxprob cannot fix are filtered there by exact message.
+
+Upstream code that is not strict-clean itself (optax's bias correction, some
+distrax/TFP/numpyro classes, blackjax's adaptation) cannot run under strict
+promotion. A test that needs it is marked `@pytest.mark.standard_promotion(
+"<the upstream line>")` and runs under standard promotion; nothing else is.
+"""
+
+import jax
+import pytest
+
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "standard_promotion(reason): run under standard dtype promotion, because "
+        "upstream code the test needs is not strict-clean (reason: which line)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _standard_promotion_if_marked(request):
+    marker = request.node.get_closest_marker("standard_promotion")
+    if marker is None:
+        yield
+        return
+    if not marker.args:
+        raise ValueError("standard_promotion needs the upstream reason")
+    with jax.numpy_dtype_promotion("standard"):
+        yield
