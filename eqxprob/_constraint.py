@@ -73,7 +73,7 @@ class Constraint(abc.ABC):
         return f"constraints.{type(self).__name__}()"
 
 
-def _key(constraint: Constraint) -> tuple:
+def _key(constraint: object) -> tuple:
     return tuple(
         (k, np.asarray(v).tobytes(), np.shape(v)) for k, v in vars(constraint).items()
     )

@@ -57,11 +57,12 @@ import math
 import operator
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import distrax
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -105,8 +106,10 @@ def require_numpyro() -> Any:
 def _alias_private(x: jax.Array) -> jax.Array:
     from jax._src.array import ArrayImpl
 
+    # `jax.Array` declares neither attribute; its implementation `ArrayImpl` does.
+    impl = cast(ArrayImpl, x)
     return ArrayImpl(
-        x.aval, x.sharding, x._arrays, committed=x._committed, _skip_checks=True
+        x.aval, x.sharding, impl._arrays, committed=impl._committed, _skip_checks=True
     )
 
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import optax
-from jaxtyping import Array, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree
 
 from ._hashing import Keyed
 from ._parameter import trainable
@@ -112,7 +112,7 @@ class _Problem:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Problem) and self._k == other._k
 
-    def value(self, p: PyTree, static: PyTree, data: Any, step: Array, key: Any):
+    def value(self, p: PyTree, static: PyTree, data: Any, step: ArrayLike, key: Any):
         """The loss of step `step` at trainable parameters `p`."""
         model = eqx.combine(p, static)
         args: list[Any] = [model]
@@ -143,8 +143,8 @@ def _chunk(
     static: PyTree,
     data: Any,
     key: Any,
-    start: Array,
-    length: Array,
+    start: ArrayLike,
+    length: ArrayLike,
     problem: _Problem,
     capacity: int,
 ) -> tuple[PyTree, PyTree, Array, Array]:
@@ -221,7 +221,7 @@ def _runner(static, data, keys, problem, capacity, opt_state) -> Callable:
         except TypeError:
             pass
 
-    def run(p: PyTree, s: PyTree, start: int, length: int) -> tuple:
+    def run(p: PyTree, s: PyTree, start: ArrayLike, length: ArrayLike) -> tuple:
         start, length = np.asarray(start, np.int32), np.asarray(length, np.int32)
         if skeleton is None:
             return _run_chunk(
@@ -365,7 +365,8 @@ def fit(
             "by a loss with a `key` parameter; this call has neither. Drop `key`, "
             "or add `key` to the loss's parameters."
         )
-    keys = tuple(jax.random.split(key)) if needs_key else None
+    # `needs_key` implies a key (checked above).
+    keys = tuple(jax.random.split(key)) if needs_key else None  # pyright: ignore[reportArgumentType]
 
     params, static = eqx.partition(model, trainable(model))
     # Strong dtypes in, strong dtypes out: otherwise weakly typed inputs (e.g.
@@ -631,8 +632,9 @@ def _raise_non_finite(
         if not (bool(finite) and np.isfinite(chunk[i])) or i == len(chunk) - 1:
             break
         params, opt_state = new_params, new_state
-    step = start + i - first
-    history = jnp.asarray(np.concatenate([*losses, chunk[: i + 1]]))
+    # A chunk is never empty, so the loop binds `i`.
+    step = start + i - first  # pyright: ignore[reportPossiblyUnboundVariable]
+    history = jnp.asarray(np.concatenate([*losses, chunk[: i + 1]]))  # pyright: ignore[reportPossiblyUnboundVariable]
     raise NonFiniteLossError(
         f"fit: the loss or its gradient is not finite at step {step} "
         f"(loss = {float(history[-1])}). Training stopped; the model with the last "

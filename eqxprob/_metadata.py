@@ -299,7 +299,8 @@ def _map(
             out[i] = fn(label, spec, item)
             continue
         labels = [label for _, label, _, _ in members]
-        results = batch(labels, members[0][2], [item for *_, item in members])
+        # Groups are formed only with a `batch`.
+        results = batch(labels, members[0][2], [item for *_, item in members])  # pyright: ignore[reportOptionalCall]
         for (i, *_), result in zip(members, results):
             out[i] = result
     return jtu.tree_unflatten(treedef, out)
@@ -307,14 +308,15 @@ def _map(
 
 def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
     """The batch a leaf can join (same transform, constraint, dtype), or `None`."""
-    if not is_parameter_leaf(label, spec, leaf) or spec.probe:
+    # Here and below: `is_parameter_leaf` is False for a spec of `None`.
+    if not is_parameter_leaf(label, spec, leaf) or spec.probe:  # pyright: ignore[reportOptionalMemberAccess]
         return None
     if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
         return None
-    transform = spec.transform()
+    transform = spec.transform()  # pyright: ignore[reportOptionalMemberAccess]
     if not isinstance(transform, _transforms.BUILT_INS) or transform.event_ndim:
         return None
-    constraint = spec.constraint
+    constraint = spec.constraint  # pyright: ignore[reportOptionalMemberAccess]
     if constraint is not None and constraint.event_ndim:
         return None
     # A transform without arrays batches across specs; one with arrays (bounds)
@@ -438,7 +440,7 @@ def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
     identity = _transforms.Identity()
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        return spec.transform() if is_parameter_leaf(label, spec, x) else identity
+        return spec.transform() if is_parameter_leaf(label, spec, x) else identity  # pyright: ignore[reportOptionalMemberAccess]
 
     inside = lambda label, spec, node: jtu.tree_map(lambda _: identity, node)  # noqa: E731
     return _map(model, overrides, leaf, inside)
@@ -522,7 +524,11 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
         if not is_parameter_leaf(label, spec, x):
             return x
         return _parameter.to_unconstrained(
-            x, spec.transform(), spec.constraint, _named(label), probe=spec.probe
+            x,
+            spec.transform(),  # pyright: ignore[reportOptionalMemberAccess]
+            spec.constraint,  # pyright: ignore[reportOptionalMemberAccess]
+            _named(label),
+            probe=spec.probe,  # pyright: ignore[reportOptionalMemberAccess]
         )
 
     def node(label: str, spec: ParamSpec | None, x: Any) -> Any:
@@ -569,9 +575,9 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
     def leaf(label: str, spec: ParamSpec | None, u: Any) -> Any:
         if not is_parameter_leaf(label, spec, u):
             return u
-        transform = spec.transform()
-        if spec.probe:
-            _parameter.probe_range(transform, u, spec.constraint, _named(label))
+        transform = spec.transform()  # pyright: ignore[reportOptionalMemberAccess]
+        if spec.probe:  # pyright: ignore[reportOptionalMemberAccess]
+            _parameter.probe_range(transform, u, spec.constraint, _named(label))  # pyright: ignore[reportOptionalMemberAccess, reportArgumentType]
         return _errors.as_float(_transforms.forward(transform, u), label)
 
     def batch(labels: list, spec: ParamSpec, leaves: list) -> list:
@@ -614,9 +620,13 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
         if is_parameter_leaf(label, spec, x):
-            transform = spec.transform()
+            transform = spec.transform()  # pyright: ignore[reportOptionalMemberAccess]
             param = _parameter.to_unconstrained(
-                x, transform, spec.constraint, _named(label), probe=spec.probe
+                x,
+                transform,
+                spec.constraint,  # pyright: ignore[reportOptionalMemberAccess]
+                _named(label),
+                probe=spec.probe,  # pyright: ignore[reportOptionalMemberAccess]
             )
             x = _parameter.Bijector(param, transform)
         if (

@@ -299,13 +299,12 @@ def guide(
     leaves, randoms, pieces, start = [], [], [], 0
     for index, ((path, spec, item), value) in enumerate(zip(items, raw_items)):
         label = _metadata.label_of(path)
-        random = (
+        if (  # a random parameter: it has a prior and trains
             spec is not None
             and spec.prior is not None
             and spec.is_trainable
             and eqx.is_inexact_array(item)
-        )
-        if random:
+        ):
             value = jnp.asarray(value)
             transform = spec.transform() if spec.annotated else _transforms.Identity()
             randoms.append(

@@ -196,8 +196,8 @@ def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
     for leaf in jtu.tree_leaves(value, is_leaf=_is_dynamic_or_raw):
         if _is_dynamic(leaf):
             continue
-        if _is_raw(leaf):
-            qualname = _families.family_of_instance(leaf).qualname(type(leaf))
+        if _is_raw(leaf):  # so it has a family
+            qualname = _families.family_of_instance(leaf).qualname(type(leaf))  # pyright: ignore[reportOptionalMemberAccess]
             raise TypeError(
                 f"{where} is a raw {qualname} instance, whose arrays would be hidden "
                 f"from JAX. Wrap it too: `FixedDistrax({qualname}, ...)`."
@@ -284,7 +284,8 @@ def _new_subclass(dynamic: tuple[str, ...]) -> type:
         "__qualname__": "FixedDistrax",
         "__doc__": FixedDistrax.__doc__,
     }
-    return type(FixedDistrax)("FixedDistrax", (FixedDistrax,), namespace)
+    metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads the call
+    return metaclass("FixedDistrax", (FixedDistrax,), namespace)
 
 
 def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistrax:
@@ -307,7 +308,8 @@ class _CheapMethod:
 
     def __init__(self, function: Any):
         self.function = function
-        functools.update_wrapper(self, function)
+        # A descriptor, not a callable: update_wrapper copies the metadata all the same.
+        functools.update_wrapper(self, function)  # pyright: ignore[reportArgumentType]
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -441,7 +443,7 @@ class FixedDistrax(eqx.Module):
 
     @classmethod
     def spec(
-        cls_,
+        _cls,
         cls: type,
         *args: Any,
         static_arguments: Mapping[str, Any] | None = None,
