@@ -50,6 +50,7 @@ fails with a message naming it when the upstream library changes):
 
 from __future__ import annotations
 
+import abc
 import functools
 import importlib
 import inspect
@@ -201,8 +202,12 @@ def _init_signature(cls: type) -> inspect.Signature:
     return signature.replace(parameters=parameters)
 
 
-class Family:
-    """How eqxprob talks to one library of distributions and bijectors."""
+class Family(abc.ABC):
+    """How eqxprob talks to one library of distributions and bijectors.
+
+    Abstract: a family implements `owns`, `distribution_base`, `bijector_base`,
+    `arguments_of` and `event_ndims_in`; the rest has defaults.
+    """
 
     name: str = ""
     # Whether its objects keep a process-wide cache keyed by array identity, so
@@ -210,14 +215,17 @@ class Family:
     caches_by_identity: bool = False
 
     # --- recognising classes and instances
+    @abc.abstractmethod
     def owns(self, cls: type) -> bool:
-        raise NotImplementedError
+        """Whether `cls` belongs to this library."""
 
+    @abc.abstractmethod
     def distribution_base(self) -> type:
-        raise NotImplementedError
+        """The base class of the library's distributions."""
 
+    @abc.abstractmethod
     def bijector_base(self) -> type:
-        raise NotImplementedError
+        """The base class of the library's bijectors (transforms)."""
 
     def is_distribution_class(self, cls: type) -> bool:
         return issubclass(cls, self.distribution_base())
@@ -246,7 +254,7 @@ class Family:
         """Adjust constructor arguments once, at wrapping time."""
         return arguments
 
-    def check_built(self, obj: Any) -> None:
+    def check_built(self, obj: Any) -> None:  # noqa: B027 - a no-op by default
         """Force validation a class may do lazily."""
 
     # --- calling: the uniform method set
@@ -258,12 +266,13 @@ class Family:
         return _as_tuple(value) if name in ("batch_shape", "event_shape") else value
 
     # --- raw instances
+    @abc.abstractmethod
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         """Constructor arguments recovered from an instance, or `TypeError`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def event_ndims_in(self, obj: Any) -> int | None:
-        raise NotImplementedError
+        """The event dimensionality of a bijector's input, if known."""
 
 
 class _Distrax(Family):
