@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import optax
-from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from ._hashing import Keyed
 from ._parameter import trainable
@@ -59,7 +59,9 @@ class NonFiniteLossError(FloatingPointError):
     ```
     """
 
-    def __init__(self, message: str, step: int, model: Any, losses: Array):
+    def __init__(
+        self, message: str, step: int, model: PyTree, losses: Float[Array, " steps"]
+    ):
         super().__init__(message)
         self.step = step
         self.model = model
@@ -90,7 +92,7 @@ class FitState(eqx.Module):
     ```
     """
 
-    opt_state: Any
+    opt_state: PyTree
     step: int = eqx.field(static=True)
 
 
@@ -235,7 +237,7 @@ def _runner(static, data, keys, problem, capacity, opt_state) -> Callable:
 
 def fit(
     model: PyTree,
-    loss_fn: Callable[..., Array],
+    loss_fn: Callable[..., Float[Array, ""]],
     *,
     optimiser: optax.GradientTransformation,
     steps: int,
@@ -246,7 +248,10 @@ def fit(
     chunk_size: int = 10_000,
     state: FitState | None = None,
     return_state: bool = False,
-) -> tuple[PyTree, Array] | tuple[PyTree, Array, FitState]:
+) -> (
+    tuple[PyTree, Float[Array, " steps"]]
+    | tuple[PyTree, Float[Array, " steps"], FitState]
+):
     """Minimise `loss_fn` over the trainable parameters of `model` with optax.
 
     The model is split with `ep.trainable`: only the unconstrained `param` of each

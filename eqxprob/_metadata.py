@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, Float, PyTree
 
 from . import _constraint, _errors, _parameter, _support, _transforms
 from ._constraint import Constraint
@@ -665,7 +665,7 @@ def _shape(shape: Any) -> tuple[int, ...]:
     )
 
 
-def log_prior(model: PyTree, overrides: Any = None) -> Array:
+def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     """Sum of the prior log-densities of the (constrained) parameters.
 
     Parameter nodes are scored at their resolved (constrained) value, so
