@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# The venv's interpreter, so pyright sees the installed dependencies; no check for a
+# newer pyright (a network call).
+PYRIGHT := PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
 .PHONY: demo test smoke-lowest lint format bench docs clean
 
@@ -20,6 +23,7 @@ demo: $(VENV)/.installed-examples
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(PYRIGHT)
 	$(BIN)/python -m pytest -n 2
 
 # Proves the dependency floors in pyproject.toml: resolves the lowest versions of

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from . import _errors, _transforms
 
@@ -49,7 +49,7 @@ class Constraint(abc.ABC):
     fix: ClassVar[str] = "Initialise the parameter inside the support."
 
     @abc.abstractmethod
-    def check(self, value: Array) -> Array:
+    def check(self, value: Float[Array, "*shape"]) -> Bool[Array, "*batch"]:
         """Boolean array of the batch shape (`value.shape` without the last
         `event_ndim` axes): is each value (vector, matrix) in the support?"""
 
@@ -73,7 +73,7 @@ class Constraint(abc.ABC):
         return f"constraints.{type(self).__name__}()"
 
 
-def _key(constraint: Constraint) -> tuple:
+def _key(constraint: object) -> tuple:
     return tuple(
         (k, np.asarray(v).tobytes(), np.shape(v)) for k, v in vars(constraint).items()
     )
@@ -120,7 +120,7 @@ class _Tested(Constraint):
     """A built-in constraint: one `_test(v, xp)` serves JAX (`check`, traced or
     not) and NumPy (`_host_check`, which compiles nothing)."""
 
-    def check(self, value: Array) -> Array:
+    def check(self, value: Float[Array, "*shape"]) -> Bool[Array, "*batch"]:
         return self._test(jnp.asarray(value), jnp)
 
     def _host_check(self, value: np.ndarray) -> np.ndarray:

@@ -50,6 +50,7 @@ fails with a message naming it when the upstream library changes):
 
 from __future__ import annotations
 
+import abc
 import functools
 import importlib
 import inspect
@@ -57,11 +58,12 @@ import math
 import operator
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import distrax
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -105,8 +107,10 @@ def require_numpyro() -> Any:
 def _alias_private(x: jax.Array) -> jax.Array:
     from jax._src.array import ArrayImpl
 
+    # `jax.Array` declares neither attribute; its implementation `ArrayImpl` does.
+    impl = cast(ArrayImpl, x)
     return ArrayImpl(
-        x.aval, x.sharding, x._arrays, committed=x._committed, _skip_checks=True
+        x.aval, x.sharding, impl._arrays, committed=impl._committed, _skip_checks=True
     )
 
 
@@ -198,8 +202,12 @@ def _init_signature(cls: type) -> inspect.Signature:
     return signature.replace(parameters=parameters)
 
 
-class Family:
-    """How eqxprob talks to one library of distributions and bijectors."""
+class Family(abc.ABC):
+    """How eqxprob talks to one library of distributions and bijectors.
+
+    Abstract: a family implements `owns`, `distribution_base`, `bijector_base`,
+    `arguments_of` and `event_ndims_in`; the rest has defaults.
+    """
 
     name: str = ""
     # Whether its objects keep a process-wide cache keyed by array identity, so
@@ -207,14 +215,17 @@ class Family:
     caches_by_identity: bool = False
 
     # --- recognising classes and instances
+    @abc.abstractmethod
     def owns(self, cls: type) -> bool:
-        raise NotImplementedError
+        """Whether `cls` belongs to this library."""
 
+    @abc.abstractmethod
     def distribution_base(self) -> type:
-        raise NotImplementedError
+        """The base class of the library's distributions."""
 
+    @abc.abstractmethod
     def bijector_base(self) -> type:
-        raise NotImplementedError
+        """The base class of the library's bijectors (transforms)."""
 
     def is_distribution_class(self, cls: type) -> bool:
         return issubclass(cls, self.distribution_base())
@@ -243,7 +254,7 @@ class Family:
         """Adjust constructor arguments once, at wrapping time."""
         return arguments
 
-    def check_built(self, obj: Any) -> None:
+    def check_built(self, obj: Any) -> None:  # noqa: B027 - a no-op by default
         """Force validation a class may do lazily."""
 
     # --- calling: the uniform method set
@@ -255,12 +266,13 @@ class Family:
         return _as_tuple(value) if name in ("batch_shape", "event_shape") else value
 
     # --- raw instances
+    @abc.abstractmethod
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         """Constructor arguments recovered from an instance, or `TypeError`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def event_ndims_in(self, obj: Any) -> int | None:
-        raise NotImplementedError
+        """The event dimensionality of a bijector's input, if known."""
 
 
 class _Distrax(Family):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import optax
-from jaxtyping import Array, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from ._hashing import Keyed
 from ._parameter import trainable
@@ -59,7 +59,9 @@ class NonFiniteLossError(FloatingPointError):
     ```
     """
 
-    def __init__(self, message: str, step: int, model: Any, losses: Array):
+    def __init__(
+        self, message: str, step: int, model: PyTree, losses: Float[Array, " steps"]
+    ):
         super().__init__(message)
         self.step = step
         self.model = model
@@ -90,7 +92,7 @@ class FitState(eqx.Module):
     ```
     """
 
-    opt_state: Any
+    opt_state: PyTree
     step: int = eqx.field(static=True)
 
 
@@ -112,7 +114,7 @@ class _Problem:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Problem) and self._k == other._k
 
-    def value(self, p: PyTree, static: PyTree, data: Any, step: Array, key: Any):
+    def value(self, p: PyTree, static: PyTree, data: Any, step: ArrayLike, key: Any):
         """The loss of step `step` at trainable parameters `p`."""
         model = eqx.combine(p, static)
         args: list[Any] = [model]
@@ -143,8 +145,8 @@ def _chunk(
     static: PyTree,
     data: Any,
     key: Any,
-    start: Array,
-    length: Array,
+    start: ArrayLike,
+    length: ArrayLike,
     problem: _Problem,
     capacity: int,
 ) -> tuple[PyTree, PyTree, Array, Array]:
@@ -221,7 +223,7 @@ def _runner(static, data, keys, problem, capacity, opt_state) -> Callable:
         except TypeError:
             pass
 
-    def run(p: PyTree, s: PyTree, start: int, length: int) -> tuple:
+    def run(p: PyTree, s: PyTree, start: ArrayLike, length: ArrayLike) -> tuple:
         start, length = np.asarray(start, np.int32), np.asarray(length, np.int32)
         if skeleton is None:
             return _run_chunk(
@@ -235,7 +237,7 @@ def _runner(static, data, keys, problem, capacity, opt_state) -> Callable:
 
 def fit(
     model: PyTree,
-    loss_fn: Callable[..., Array],
+    loss_fn: Callable[..., Float[Array, ""]],
     *,
     optimiser: optax.GradientTransformation,
     steps: int,
@@ -246,7 +248,10 @@ def fit(
     chunk_size: int = 10_000,
     state: FitState | None = None,
     return_state: bool = False,
-) -> tuple[PyTree, Array] | tuple[PyTree, Array, FitState]:
+) -> (
+    tuple[PyTree, Float[Array, " steps"]]
+    | tuple[PyTree, Float[Array, " steps"], FitState]
+):
     """Minimise `loss_fn` over the trainable parameters of `model` with optax.
 
     The model is split with `ep.trainable`: only the unconstrained `param` of each
@@ -365,7 +370,8 @@ def fit(
             "by a loss with a `key` parameter; this call has neither. Drop `key`, "
             "or add `key` to the loss's parameters."
         )
-    keys = tuple(jax.random.split(key)) if needs_key else None
+    # `needs_key` implies a key (checked above).
+    keys = tuple(jax.random.split(key)) if needs_key else None  # pyright: ignore[reportArgumentType]
 
     params, static = eqx.partition(model, trainable(model))
     # Strong dtypes in, strong dtypes out: otherwise weakly typed inputs (e.g.
@@ -631,8 +637,9 @@ def _raise_non_finite(
         if not (bool(finite) and np.isfinite(chunk[i])) or i == len(chunk) - 1:
             break
         params, opt_state = new_params, new_state
-    step = start + i - first
-    history = jnp.asarray(np.concatenate([*losses, chunk[: i + 1]]))
+    # A chunk is never empty, so the loop binds `i`.
+    step = start + i - first  # pyright: ignore[reportPossiblyUnboundVariable]
+    history = jnp.asarray(np.concatenate([*losses, chunk[: i + 1]]))  # pyright: ignore[reportPossiblyUnboundVariable]
     raise NonFiniteLossError(
         f"fit: the loss or its gradient is not finite at step {step} "
         f"(loss = {float(history[-1])}). Training stopped; the model with the last "

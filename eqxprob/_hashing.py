@@ -20,6 +20,7 @@ import types
 from typing import Any
 
 import jax
+import jax.core
 import numpy as np
 
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, Float, PyTree
 
 from . import _constraint, _errors, _families, _parameter, _support, _transforms
 from ._constraint import Constraint
@@ -214,7 +214,7 @@ def _child(node: Any, key: Any) -> Any:
     return None  # a custom node: metadata below it is not read
 
 
-def _step(spec: ParamSpec | None, node: Any, key: Any) -> tuple:
+def _step(spec: ParamSpec | None, node: Any, key: Any) -> tuple[Any, Any]:
     """`(spec, child)` one key down: a field's metadata annotates its subtree."""
     if node is None:
         return spec, None
@@ -226,15 +226,22 @@ def _step(spec: ParamSpec | None, node: Any, key: Any) -> tuple:
 def _metadata_specs(model: Any, paths: list) -> list[ParamSpec | None]:
     """The innermost field metadata along each path. Each parent is walked to
     once (`memo`): the leaves of one list or array field share it."""
-    memo: dict[tuple, tuple] = {(): (None, model)}
+    memo: dict[tuple, tuple[Any, Any]] = {(): (None, model)}
 
-    def at(path: tuple) -> tuple:
+    def at(path: tuple) -> tuple[Any, Any]:
         got = memo.get(path)
         if got is None:
-            got = memo[path] = _step(*at(path[:-1]), path[-1])
+            spec, node = at(path[:-1])
+            got = memo[path] = _step(spec, node, path[-1])
         return got
 
-    return [_step(*at(path[:-1]), path[-1])[0] if path else None for path in paths]
+    def spec_at(path: tuple) -> ParamSpec | None:
+        if not path:
+            return None
+        spec, node = at(path[:-1])
+        return _step(spec, node, path[-1])[0]
+
+    return [spec_at(path) for path in paths]
 
 
 def hashable_overrides(overrides: Any) -> tuple:
@@ -303,13 +310,13 @@ def _map(
     groups: dict[int, list] = {}
     # Per call: (id(spec), kind of leaf) -> the number of its batch (or None); the
     # batch keys hold transforms, slow to hash, so each is hashed once.
-    seen: dict[tuple, int | None] = {}
+    seen: dict[tuple, Any] = {}
     numbers: dict[Any, int] = {}
     for i, (path, spec, item) in enumerate(items):
         if _parameter.is_node(item):
             out[i] = inside(label_of(path), spec, item)
             continue
-        group = None
+        group: Any = None
         if batch is not None and spec is not None:
             kind = (id(spec), type(item), getattr(item, "dtype", None))
             group = seen.get(kind, _UNSEEN)
@@ -321,7 +328,8 @@ def _map(
             out[i] = fn("" if spec is None else label_of(path), spec, item)
         else:
             groups.setdefault(group, []).append((i, path, spec, item))
-    for members in groups.values():
+    for members in groups.values():  # only formed with a `batch`
+        assert batch is not None
         if len(members) == 1:
             i, path, spec, item = members[0]
             out[i] = fn(label_of(path), spec, item)
@@ -361,7 +369,7 @@ class _Labels(Sequence):
 def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
     """The batch a leaf can join (same transform, constraint, dtype), or `None`.
     It depends only on the spec, the leaf's type and dtype (`_map` memoises it)."""
-    if not is_parameter_leaf(label, spec, leaf) or spec.probe:
+    if not is_parameter_leaf(spec, label, leaf) or spec.probe:
         return None
     if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
         return None
@@ -390,7 +398,9 @@ def _none_inside(label: str, spec: Any, node: Any) -> Any:
     return jtu.tree_map(lambda _: None, node)
 
 
-def is_parameter_leaf(label: str, spec: ParamSpec | None, leaf: Any) -> bool:
+def is_parameter_leaf(
+    spec: ParamSpec | None, label: str, leaf: Any
+) -> TypeGuard[ParamSpec]:
     """Whether `spec` reparameterises `leaf`; a `TypeError` for a spec on a leaf
     that cannot carry it (an integer array, a Python number)."""
     if spec is None or not spec.annotated:
@@ -492,7 +502,7 @@ def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
     identity = _transforms.Identity()
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        return spec.transform() if is_parameter_leaf(label, spec, x) else identity
+        return spec.transform() if is_parameter_leaf(spec, label, x) else identity
 
     inside = lambda label, spec, node: jtu.tree_map(lambda _: identity, node)  # noqa: E731
     return _map(model, overrides, leaf, inside)
@@ -573,10 +583,14 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
     """
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        if not is_parameter_leaf(label, spec, x):
+        if not is_parameter_leaf(spec, label, x):
             return x
         return _parameter.to_unconstrained(
-            x, spec.transform(), spec.constraint, _named(label), probe=spec.probe
+            x,
+            spec.transform(),
+            spec.constraint,
+            _named(label),
+            probe=spec.probe,
         )
 
     def node(label: str, spec: ParamSpec | None, x: Any) -> Any:
@@ -620,10 +634,10 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
     """
 
     def leaf(label: str, spec: ParamSpec | None, u: Any) -> Any:
-        if not is_parameter_leaf(label, spec, u):
+        if not is_parameter_leaf(spec, label, u):
             return u
         transform = spec.transform()
-        if spec.probe:
+        if spec.probe and spec.constraint is not None:
             _parameter.probe_range(transform, u, spec.constraint, _named(label))
         return _errors.as_float(_transforms.forward(transform, u), label)
 
@@ -666,10 +680,14 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
     """
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        if is_parameter_leaf(label, spec, x):
+        if is_parameter_leaf(spec, label, x):
             transform = spec.transform()
             param = _parameter.to_unconstrained(
-                x, transform, spec.constraint, _named(label), probe=spec.probe
+                x,
+                transform,
+                spec.constraint,
+                _named(label),
+                probe=spec.probe,
             )
             x = _parameter.Bijector(param, transform)
         if (
@@ -707,7 +725,7 @@ def _shape(shape: Any) -> tuple[int, ...]:
     )
 
 
-def log_prior(model: PyTree, overrides: Any = None) -> Array:
+def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     """Sum of the prior log-densities of the (constrained) parameters.
 
     Parameter nodes are scored at their resolved (constrained) value, so

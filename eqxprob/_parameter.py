@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import wadler_lindig as wl
-from jaxtyping import Array, ArrayLike, PyTree
+from jaxtyping import Array, ArrayLike, Float, PyTree, Real
 
 from . import _constraint, _errors, _transforms
 from ._constraint import Constraint
@@ -277,7 +277,7 @@ class Bijector(eqx.Module):
     @classmethod
     def from_value(
         cls,
-        value: ArrayLike,
+        value: Real[ArrayLike, "*shape"],
         transform: Any = None,
         *,
         constraint: Any = None,
@@ -625,7 +625,7 @@ def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
     return jtu.tree_map(spec, tree, is_leaf=_is_frozen_or_node)
 
 
-def log_det_jacobian(tree: PyTree) -> Array:
+def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:
     """The sum of `log|det J|` of every `Bijector`'s forward map at its `param`.
 
     With it, a density over the constrained values becomes one over the
@@ -678,7 +678,7 @@ def _log_dets(tree: PyTree, terms: list[Array]) -> None:
 # ------------------------------------------------------------------- shortcuts
 
 
-def positive(value: ArrayLike) -> Bijector:
+def positive(value: Real[ArrayLike, "*shape"]) -> Bijector:
     """A positive parameter: `softplus(param)`, built from its value.
 
     The inverse softplus is computed as `y + log(-expm1(-y))`, exact across float64
@@ -705,7 +705,7 @@ def positive(value: ArrayLike) -> Bijector:
     return _from_value(value, None, _constraint.positive, "ep.positive")
 
 
-def nonnegative(value: ArrayLike) -> Bijector:
+def nonnegative(value: Real[ArrayLike, "*shape"]) -> Bijector:
     """A non-negative parameter (zero allowed): `softplus(param)`.
 
     Zero maps to the parameter of the dtype's smallest normal number, so it
@@ -725,7 +725,11 @@ def nonnegative(value: ArrayLike) -> Bijector:
     return _from_value(value, None, _constraint.nonnegative, "ep.nonnegative")
 
 
-def bounded(value: ArrayLike, low: ArrayLike, high: ArrayLike) -> Bijector:
+def bounded(
+    value: Real[ArrayLike, "*#shape"],
+    low: Real[ArrayLike, "*#shape"],
+    high: Real[ArrayLike, "*#shape"],
+) -> Bijector:
     """A parameter in the open interval `(low, high)`: a sigmoid, then affine.
 
     Resolves to `high·σ(param) + low·σ(-param)`. `low` and `high` become the
@@ -770,7 +774,7 @@ def bounded(value: ArrayLike, low: ArrayLike, high: ArrayLike) -> Bijector:
     return _from_value(value, None, constraint, "ep.bounded")
 
 
-def lower_cholesky(value: ArrayLike) -> Bijector:
+def lower_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
     """A lower-triangular matrix with a positive diagonal, e.g. a Cholesky factor.
 
     **Parameter layout:** `param` is a vector of the `n(n+1)/2` lower-triangle
@@ -804,7 +808,7 @@ def lower_cholesky(value: ArrayLike) -> Bijector:
     return _from_value(value, None, _constraint.lower_cholesky, "ep.lower_cholesky")
 
 
-def positive_definite(value: ArrayLike) -> Bijector:
+def positive_definite(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
     """A covariance matrix: symmetric positive-definite, resolved as `L Lᵀ`.
 
     `param` holds the `n(n+1)/2` entries of `L = cholesky(value)` as for
@@ -828,7 +832,7 @@ def positive_definite(value: ArrayLike) -> Bijector:
     )
 
 
-def corr_cholesky(value: ArrayLike) -> Bijector:
+def corr_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
     """The Cholesky factor of a correlation matrix (the support of an LKJ prior).
 
     `param` holds `n(n-1)/2` reals; row `i` of the factor is `[zᵢ, 1] / ‖[zᵢ, 1]‖`.
@@ -849,7 +853,7 @@ def corr_cholesky(value: ArrayLike) -> Bijector:
     return _from_value(value, None, _constraint.corr_cholesky, "ep.corr_cholesky")
 
 
-def simplex(value: ArrayLike) -> Bijector:
+def simplex(value: Real[ArrayLike, "*batch n"]) -> Bijector:
     """A probability vector: positive entries summing to 1 along the last axis.
 
     Resolves to `softmax([param, 0])`, as `tfb.SoftmaxCentered`: `param` has one

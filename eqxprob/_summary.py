@@ -15,6 +15,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import numpy as np
 from jaxtyping import PyTree
 
@@ -195,7 +196,7 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
         elif eqx.is_array(item):
             value, frozen = item, spec is not None and not spec.is_trainable
             bijector = ""
-            if spec is not None and _metadata.is_parameter_leaf(label, spec, item):
+            if spec is not None and _metadata.is_parameter_leaf(spec, label, item):
                 bijector = _transforms.describe(spec.transform())
             trainable = eqx.is_inexact_array(item) and not frozen
         else:

@@ -144,7 +144,9 @@ def feasible(prior: Any, value: Array, ok: Array | None) -> Array:
     moved onto a feasible point, for numpyro priors only: numpyro warns on an
     out-of-support value, which is scored `-inf` here anyway."""
     support = getattr(_raw(prior), "support", None)
-    if ok is None or not type(support).__module__.startswith("numpyro"):
+    if ok is None or support is None:
+        return value
+    if not type(support).__module__.startswith("numpyro"):
         return value
     inside = jnp.reshape(ok, jnp.shape(ok) + (1,) * (jnp.ndim(value) - jnp.ndim(ok)))
     return jnp.where(inside, value, support.feasible_like(value))

@@ -452,7 +452,7 @@ def _held(transform: Any) -> Any:
     return transform.held.value if isinstance(transform, Static) else transform
 
 
-def _method(transform: Any, name: str) -> Callable[[Array], Array] | None:
+def _method(transform: Any, name: str) -> Callable[..., Any] | None:
     transform = _held(transform)
     if isinstance(transform, eqx.Module):
         # Equinox builds a bound-method object at each access; this is cheaper.
@@ -477,7 +477,8 @@ def _missing(transform: Any, name: str, action: str, owner: str) -> TypeError:
 
 def forward(transform: Any, x: Array) -> Array:
     """`y = f(x)`."""
-    return _method(transform, "forward")(x)
+    # `as_transform` admits only transforms with a `forward` or callables.
+    return _method(transform, "forward")(x)  # pyright: ignore[reportOptionalCall]
 
 
 def has_inverse(transform: Any) -> bool:

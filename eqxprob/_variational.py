@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jaxtyping import Array, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from . import _errors, _metadata, _parameter, _transforms
 from ._wrappers import FixedDistrax
@@ -101,7 +101,7 @@ class Guide(eqx.Module):
     """
 
     template: PyTree
-    loc: Array
+    loc: Float[Array, " d"]
     scale: Any
     family: str = eqx.field(static=True)
     randoms: tuple[_Random, ...] = eqx.field(static=True)
@@ -191,7 +191,7 @@ class Guide(eqx.Module):
         """The model at the guide's location."""
         return self._assemble(self.loc)
 
-    def log_prob(self, model: PyTree) -> Array:
+    def log_prob(self, model: PyTree) -> Float[Array, ""]:
         """log q of `model`'s unconstrained random parameters."""
         raw = _metadata.unconstrain(model, self.overrides)
         leaves = jtu.tree_leaves(raw, is_leaf=_parameter.is_node)
@@ -299,13 +299,12 @@ def guide(
     leaves, randoms, pieces, start = [], [], [], 0
     for index, ((path, spec, item), value) in enumerate(zip(items, raw_items)):
         label = _metadata.label_of(path)
-        random = (
+        if (  # a random parameter: it has a prior and trains
             spec is not None
             and spec.prior is not None
             and spec.is_trainable
             and eqx.is_inexact_array(item)
-        )
-        if random:
+        ):
             value = jnp.asarray(value)
             transform = spec.transform() if spec.annotated else _transforms.Identity()
             randoms.append(
@@ -353,13 +352,13 @@ def guide(
 
 def elbo(
     guide: Guide,
-    log_likelihood: Callable[[PyTree], Array],
+    log_likelihood: Callable[[PyTree], Float[Array, ""]],
     key: PRNGKeyArray,
     *,
     num_samples: int = 1,
-    likelihood_scale: float | Array = 1.0,
+    likelihood_scale: float | Float[Array, ""] = 1.0,
     analytic: bool = True,
-) -> Array:
+) -> Float[Array, ""]:
     """A reparameterised estimate of the evidence lower bound.
 
     `E_q[s · log p(data | θ) + log p(θ) + log|det J(u)|] + H[q]`, with `θ` the

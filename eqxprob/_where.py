@@ -430,7 +430,7 @@ def where_paths(
 # --------------------------------------------------------------------- WhereDict
 
 
-def _key_label(key: Where | str) -> str:
+def _key_label(key: Any) -> str:
     label = _function_label(key) if type(key) is FunctionType else where_labels(key)
     if type(label) is not str:
         raise TypeError(
@@ -487,7 +487,7 @@ class WhereDict(dict):
     __slots__ = ("_keys",)
     _keys: dict[str, Where | str]
 
-    def __init__(self, entries: Mapping | Iterable[tuple[Any, Any]] = (), /):
+    def __init__(self, entries: Mapping[Any, Any] | Iterable[Any] = (), /):
         if isinstance(entries, WhereDict):
             entries = entries.where_items()
         elif isinstance(entries, Mapping):
@@ -570,7 +570,7 @@ class WhereDict(dict):
         return WhereDict(self)
 
     @classmethod
-    def fromkeys(cls, keys: Iterable[Where | str], value: Any = None) -> WhereDict:
+    def fromkeys(cls, keys: Iterable[Any], value: Any = None) -> WhereDict:
         """A `WhereDict` with the given keys, all mapped to `value`."""
         return cls([(key, value) for key in keys])
 

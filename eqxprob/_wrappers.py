@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import wadler_lindig as wl
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from tensorflow_probability.substrates import jax as tfp
 
 from . import _families
@@ -196,8 +197,8 @@ def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
     for leaf in jtu.tree_leaves(value, is_leaf=_is_dynamic_or_raw):
         if _is_dynamic(leaf):
             continue
-        if _is_raw(leaf):
-            qualname = _families.family_of_instance(leaf).qualname(type(leaf))
+        if _is_raw(leaf):  # so it has a family
+            qualname = _families.family_of_instance(leaf).qualname(type(leaf))  # pyright: ignore[reportOptionalMemberAccess]
             raise TypeError(
                 f"{where} is a raw {qualname} instance, whose arrays would be hidden "
                 f"from JAX. Wrap it too: `FixedDistrax({qualname}, ...)`."
@@ -284,7 +285,8 @@ def _new_subclass(dynamic: tuple[str, ...]) -> type:
         "__qualname__": "FixedDistrax",
         "__doc__": FixedDistrax.__doc__,
     }
-    return type(FixedDistrax)("FixedDistrax", (FixedDistrax,), namespace)
+    metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads the call
+    return metaclass("FixedDistrax", (FixedDistrax,), namespace)
 
 
 def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistrax:
@@ -307,7 +309,8 @@ class _CheapMethod:
 
     def __init__(self, function: Any):
         self.function = function
-        functools.update_wrapper(self, function)
+        # A descriptor, not a callable: update_wrapper copies the metadata all the same.
+        functools.update_wrapper(self, function)  # pyright: ignore[reportArgumentType]
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -441,7 +444,7 @@ class FixedDistrax(eqx.Module):
 
     @classmethod
     def spec(
-        cls_,
+        _cls,
         cls: type,
         *args: Any,
         static_arguments: Mapping[str, Any] | None = None,
@@ -588,67 +591,71 @@ class FixedDistrax(eqx.Module):
     # --- distributions --------------------------------------------------------
 
     @_cheap_method
-    def log_prob(self, value: Any) -> Any:
+    def log_prob(self, value: PyTree[ArrayLike]) -> Float[Array, "*batch"]:
         """Log density (or mass) of `value`."""
         return _call(self, True, "log_prob", _unwrap(value))
 
     @_cheap_method
-    def prob(self, value: Any) -> Any:
+    def prob(self, value: PyTree[ArrayLike]) -> Float[Array, "*batch"]:
         """Density (or mass) of `value`."""
         return _call(self, True, "prob", _unwrap(value))
 
     @_cheap_method
-    def cdf(self, value: Any) -> Any:
+    def cdf(self, value: ArrayLike) -> Float[Array, "*batch"]:
         """Cumulative distribution function at `value`."""
         return _call(self, True, "cdf", value)
 
     @_cheap_method
-    def log_cdf(self, value: Any) -> Any:
+    def log_cdf(self, value: ArrayLike) -> Float[Array, "*batch"]:
         """Log of the cumulative distribution function at `value`."""
         return _call(self, True, "log_cdf", value)
 
     @_cheap_method
-    def sample(self, *, seed: Any, sample_shape: Any = ()) -> Any:
+    def sample(
+        self, *, seed: PRNGKeyArray | int, sample_shape: int | Sequence[int] = ()
+    ) -> PyTree[Array]:
         """Draw samples of shape `sample_shape + batch_shape + event_shape`."""
         return _call_keyed(self, "sample", seed, sample_shape)
 
     @_cheap_method
-    def sample_and_log_prob(self, *, seed: Any, sample_shape: Any = ()) -> Any:
+    def sample_and_log_prob(
+        self, *, seed: PRNGKeyArray | int, sample_shape: int | Sequence[int] = ()
+    ) -> tuple[PyTree[Array], Float[Array, "*batch"]]:
         """Draw samples and return `(samples, log_prob(samples))`."""
         return _call_keyed(self, "sample_and_log_prob", seed, sample_shape)
 
     @_cheap_method
-    def mean(self) -> Any:
+    def mean(self) -> PyTree[Array]:
         """The mean."""
         return _call(self, True, "mean")
 
     @_cheap_method
-    def mode(self) -> Any:
+    def mode(self) -> PyTree[Array]:
         """The mode."""
         return _call(self, True, "mode")
 
     @_cheap_method
-    def variance(self) -> Any:
+    def variance(self) -> PyTree[Array]:
         """The variance."""
         return _call(self, True, "variance")
 
     @_cheap_method
-    def stddev(self) -> Any:
+    def stddev(self) -> PyTree[Array]:
         """The standard deviation."""
         return _call(self, True, "stddev")
 
     @_cheap_method
-    def entropy(self) -> Any:
+    def entropy(self) -> Float[Array, "*batch"]:
         """The (differential) entropy."""
         return _call(self, True, "entropy")
 
     @_cheap_method
-    def kl_divergence(self, other: Any) -> Any:
+    def kl_divergence(self, other: Any) -> Float[Array, "*batch"]:
         """KL(self || other); `other` may be wrapped or raw."""
         return _call(self, True, "kl_divergence", other)
 
     @_cheap_method
-    def cross_entropy(self, other: Any) -> Any:
+    def cross_entropy(self, other: Any) -> Float[Array, "*batch"]:
         """Cross entropy of `other` relative to self; `other` may be wrapped."""
         return _call(self, True, "cross_entropy", other)
 
@@ -670,36 +677,36 @@ class FixedDistrax(eqx.Module):
     # --- bijectors ------------------------------------------------------------
 
     @_cheap_method
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: ArrayLike) -> Array:
         """y = f(x)."""
         return _call(self, False, "forward", x)
 
     @_cheap_method
-    def inverse(self, y: Any) -> Any:
+    def inverse(self, y: ArrayLike) -> Array:
         """x = f⁻¹(y)."""
         return _call(self, False, "inverse", y)
 
     @_cheap_method
-    def forward_log_det_jacobian(self, x: Any) -> Any:
+    def forward_log_det_jacobian(self, x: ArrayLike) -> Float[Array, "*shape"]:
         """log|det J(f)(x)| (elementwise for scalar bijectors)."""
         return _call(self, False, "forward_log_det_jacobian", x)
 
     @_cheap_method
-    def inverse_log_det_jacobian(self, y: Any) -> Any:
+    def inverse_log_det_jacobian(self, y: ArrayLike) -> Float[Array, "*shape"]:
         """log|det J(f⁻¹)(y)| (elementwise for scalar bijectors)."""
         return _call(self, False, "inverse_log_det_jacobian", y)
 
     @_cheap_method
-    def forward_and_log_det(self, x: Any) -> tuple[Any, Any]:
+    def forward_and_log_det(self, x: ArrayLike) -> tuple[Array, Float[Array, "*shape"]]:
         """`(f(x), log|det J(f)(x)|)`, for every family."""
         return _call(self, False, "forward_and_log_det", x)
 
     @_cheap_method
-    def inverse_and_log_det(self, y: Any) -> tuple[Any, Any]:
+    def inverse_and_log_det(self, y: ArrayLike) -> tuple[Array, Float[Array, "*shape"]]:
         """`(f⁻¹(y), log|det J(f⁻¹)(y)|)`, for every family."""
         return _call(self, False, "inverse_and_log_det", y)
 
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, x: ArrayLike) -> Array:
         """Same as `forward`."""
         return _call(self, False, "forward", x)
 

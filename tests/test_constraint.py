@@ -337,6 +337,12 @@ def test_constraint_is_abstract_and_custom_ones_register():
     with pytest.raises(TypeError):
         C.Constraint()
 
+    class NoCheck(C.Constraint):
+        event_ndim = 1
+
+    with pytest.raises(TypeError, match="abstract method.*check"):
+        NoCheck()
+
     class Negative(C.Constraint):
         def check(self, value):
             return (value < 0) & jnp.isfinite(value)

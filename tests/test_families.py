@@ -467,6 +467,27 @@ def test_event_ndims_in(bijector, expected):
     assert event_ndims_in(bijector) == expected
 
 
+def test_family_is_abstract():
+    abstract = {
+        "owns",
+        "distribution_base",
+        "bijector_base",
+        "arguments_of",
+        "event_ndims_in",
+    }
+    assert _families.Family.__abstractmethods__ == abstract
+    with pytest.raises(TypeError, match="abstract"):
+        _families.Family()
+
+    class NoArguments(_families.DISTRAX.__class__):
+        arguments_of = _families.Family.arguments_of  # still abstract
+
+    with pytest.raises(TypeError, match="arguments_of"):
+        NoArguments()
+    for family in _families._FAMILIES:  # the built-in ones implement everything
+        assert not type(family).__abstractmethods__
+
+
 def test_family_helpers_docstring_examples_run():
     for fn in (
         _families.require_numpyro,
