@@ -215,6 +215,7 @@ def test_map_with_priors_moves_towards_the_priors(examples, capsys):
         np.testing.assert_allclose(np.trapezoid(posterior, grid), 1.0, rtol=1e-9)
 
 
+@pytest.mark.standard_promotion("blackjax/adaptation/staged_adaptation.py:482")
 def test_nuts_blackjax_runs(examples, capsys):
     pytest.importorskip("blackjax")
     nuts = examples("nuts_blackjax")

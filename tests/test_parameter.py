@@ -574,7 +574,8 @@ def train(model, filter_spec, steps=40):
     @eqx.filter_jit
     def step(params, state):
         grads = eqx.filter_grad(lambda p: loss(eqx.combine(p, static)))(params)
-        updates, state = optim.update(grads, state, params)
+        with jax.numpy_dtype_promotion("standard"):  # optax is not strict-clean
+            updates, state = optim.update(grads, state, params)
         return eqx.apply_updates(params, updates), state
 
     for _ in range(steps):

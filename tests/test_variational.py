@@ -200,6 +200,7 @@ def test_point_estimates_train_and_frozen_values_stay():
     assert q.mean().period == 2.0
 
 
+@pytest.mark.standard_promotion("numpyro SVI: numpyro/distributions/util.py:339")
 def test_mean_field_elbo_matches_numpyro_autonormal():
     numpyro = pytest.importorskip("numpyro")
     dist = numpyro.distributions
