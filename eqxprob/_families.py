@@ -257,6 +257,13 @@ class Family(abc.ABC):
     def check_built(self, obj: Any) -> None:  # noqa: B027 - a no-op by default
         """Force validation a class may do lazily."""
 
+    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
+        """Whether building `cls` may check argument *values*, not only shapes
+        and dtypes. When not, one successful build validates every later one
+        with the same static arguments, shapes and dtypes (`FixedDistrax`
+        caches that). Conservatively `True`."""
+        return True
+
     # --- calling: the uniform method set
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(obj, method)(*args, **kwargs)
@@ -302,6 +309,9 @@ class _Distrax(Family):
         if isinstance(obj, distrax.Distribution):  # broadcasts lazily
             _ = (obj.batch_shape, obj.event_shape)
 
+    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
+        return False  # distrax constructors check shapes only
+
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         cls = type(obj)
         arguments = {}
@@ -340,6 +350,9 @@ class _TFP(Family):
 
     def qualname(self, cls: type) -> str:
         return f"{'tfb' if issubclass(cls, tfb.Bijector) else 'tfd'}.{cls.__name__}"
+
+    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
+        return bool(static.get("validate_args", False))  # TFP's assertions
 
     def prepare(self, cls: type, arguments: dict[str, Any]) -> dict[str, Any]:
         """Cast integer arrays given for continuous parameters to float.
@@ -425,6 +438,13 @@ class _Numpyro(Family):
 
     def bijector_base(self) -> type:
         return require_numpyro().transforms.Transform
+
+    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
+        # Distributions validate their arguments unless told not to (numpyro's
+        # default is on); transforms never do.
+        return (
+            self.is_distribution_class(cls) and static.get("validate_args") is not False
+        )
 
     def abstract_reason(self, cls: type) -> str | None:
         nd = require_numpyro()

@@ -596,18 +596,16 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     return _trainable(tree, True)
 
 
-def _is_frozen_or_node(x: Any) -> bool:
-    paramax = _paramax()
-    return is_node(x) or (paramax is not None and isinstance(x, paramax.NonTrainable))
-
-
 def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
+    paramax = _paramax()
+    frozen = (Frozen,) if paramax is None else (Frozen, paramax.NonTrainable)
+    stops = (Bijector, *frozen)
     transforms: dict[int, Any] = {}  # id(transform) -> its spec, per call
 
     def spec(x: Any) -> Any:
-        if isinstance(x, Frozen) or (
-            _is_paramax(x) and isinstance(x, _paramax().NonTrainable)
-        ):
+        if type(x) is _ARRAY:  # the common case first
+            return default and jnp.issubdtype(x.dtype, jnp.inexact)
+        if isinstance(x, frozen):
             return jtu.tree_map(lambda _: False, x)
         if isinstance(x, Bijector):
             param, transform = x.param, x.transform
@@ -622,7 +620,7 @@ def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
             return Bijector._unchecked(pspec, tspec)
         return default and eqx.is_inexact_array(x)
 
-    return jtu.tree_map(spec, tree, is_leaf=_is_frozen_or_node)
+    return jtu.tree_map(spec, tree, is_leaf=lambda x: isinstance(x, stops))
 
 
 def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:

@@ -103,6 +103,30 @@ class _Const:
 jtu.register_pytree_node(_Const, lambda c: ((), c), lambda c, _: c)
 
 
+# Keys of builds that passed validation (see `_validation_key`).
+_VALIDATED: set = set()
+_VALIDATED_SIZE = 4096
+
+
+def _validation_key(
+    family: Family, cls: type, static: _Static, dynamic: dict[str, Any]
+) -> Any:
+    """What a build's validity depends on, for a family that checks shapes and
+    dtypes only: the class, the static arguments, and the structure, shapes and
+    dtypes of the dynamic ones. `None` (validate every time) if the family may
+    check values or the key cannot be hashed."""
+    if family.checks_values(cls, dict(static.static)):
+        return None
+    leaves, treedef = jtu.tree_flatten(dynamic)
+    shapes = tuple((x.shape, x.dtype) if eqx.is_array(x) else x for x in leaves)
+    key = (cls, static, treedef, shapes)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class _Static:
     """The static part of a wrapper: argument names, and the non-array arguments.
 
@@ -399,13 +423,19 @@ class FixedDistrax(eqx.Module):
             raise TypeError(f"FixedDistrax({cls.__name__}): {e}") from None
         arguments = dict(bound.arguments)
         for name, value in arguments.items():
-            _check_argument(family, cls, name, value)
+            if not _is_dynamic(value):  # arrays and wrappers need no check
+                _check_argument(family, cls, name, value)
         keep = family.static_floats(cls)
         arguments = {
-            n: v if n in keep else _floats_to_arrays(v) for n, v in arguments.items()
+            n: v if n in keep or _is_dynamic(v) else _floats_to_arrays(v)
+            for n, v in arguments.items()
         }
         arguments = family.prepare(cls, arguments)
-        dynamic = {n: _hide_static(v) for n, v in arguments.items() if _has_dynamic(v)}
+        dynamic = {
+            n: v if _is_dynamic(v) else _hide_static(v)
+            for n, v in arguments.items()
+            if _is_dynamic(v) or _has_dynamic(v)
+        }
         for name in dynamic:
             if name in _RESERVED:
                 raise TypeError(
@@ -424,6 +454,9 @@ class FixedDistrax(eqx.Module):
         object.__setattr__(self, "_static", static)
         for name, value in dynamic.items():
             object.__setattr__(self, name, value)
+        key = _validation_key(family, cls, static, dynamic)
+        if key is not None and key in _VALIDATED:
+            return
         try:
             family.check_built(_resolved(self).instantiate())
         except Exception as e:
@@ -439,6 +472,10 @@ class FixedDistrax(eqx.Module):
                 )
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
             raise error(message) from e
+        if key is not None:
+            if len(_VALIDATED) >= _VALIDATED_SIZE:  # simply emptied when full
+                _VALIDATED.clear()
+            _VALIDATED.add(key)
 
     # --- structure without construction -----------------------------------
 

@@ -494,3 +494,45 @@ def test_treescope_shows_the_class_and_its_arguments():
     text = treescope.render_to_text(model)
     assert "Normal(" in text and "loc=" in text and "scale=" in text
     assert "_static" not in text and "FixedDistrax" not in text
+
+
+# --- validation once per structure ---------------------------------------------
+
+
+class _CountingNormal(distrax.Normal):
+    """A real distrax.Normal that counts its constructions."""
+
+    built = 0
+
+    def __init__(self, loc, scale):
+        type(self).built += 1
+        super().__init__(loc, scale)
+
+
+def test_a_build_with_seen_shapes_is_not_validated_again():
+    ep.FixedDistrax(_CountingNormal, jnp.zeros(3), jnp.ones(3))
+    _CountingNormal.built = 0
+    again = ep.FixedDistrax(_CountingNormal, jnp.ones(3), 2 * jnp.ones(3))
+    assert _CountingNormal.built == 0  # same class, shapes and dtypes: known valid
+    np.testing.assert_allclose(
+        again.log_prob(jnp.zeros(3)),
+        distrax.Normal(jnp.ones(3), 2 * jnp.ones(3)).log_prob(jnp.zeros(3)),
+    )
+    ep.FixedDistrax(_CountingNormal, jnp.zeros(4), jnp.ones(4))
+    assert _CountingNormal.built > 1  # new shapes: validated again
+
+
+def test_cached_validation_still_rejects_new_bad_shapes_and_bad_values():
+    ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.ones(3))
+    with pytest.raises(ValueError, match="rejected the arguments"):
+        ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.ones(4))
+    # numpyro checks values when built, so it is validated every time.
+    nd = pytest.importorskip("numpyro.distributions")
+    ep.FixedDistrax(nd.Normal, jnp.zeros(()), jnp.ones(()), validate_args=True)
+    with pytest.raises(ValueError, match="invalid scale"):
+        ep.FixedDistrax(nd.Normal, jnp.zeros(()), -jnp.ones(()), validate_args=True)
+    # So does TFP with validate_args=True.
+    tfd = tfp.distributions
+    ep.FixedDistrax(tfd.Normal, jnp.zeros(()), jnp.ones(()), validate_args=True)
+    with pytest.raises(Exception, match="scale"):
+        ep.FixedDistrax(tfd.Normal, jnp.zeros(()), -jnp.ones(()), validate_args=True)
