@@ -37,3 +37,22 @@ def _standard_promotion_if_marked(request):
         raise ValueError("standard_promotion needs the upstream reason")
     with jax.numpy_dtype_promotion("standard"):
         yield
+
+
+# --- per-file durations, printed at the end of every run (also under xdist) -----
+
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    _DURATIONS[path] = _DURATIONS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _DURATIONS:
+        return
+    terminalreporter.section("time per test file (setup + call + teardown)")
+    for path, seconds in sorted(_DURATIONS.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    terminalreporter.write_line(f"{sum(_DURATIONS.values()):8.1f} s  in all")
