@@ -801,15 +801,26 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
 
 def _batchable(prior: Any) -> Any:
     """`prior` as a `FixedDistrax` (a pytree), so that values sharing it can be
-    scored in one compiled call; `None` if it cannot be wrapped."""
+    scored in one compiled call; `None` if it cannot be wrapped. Raw priors are
+    wrapped once each (`_WRAPPED`, keyed by identity: specs hold them for good)."""
     if isinstance(prior, FixedDistrax):
         return prior
+    seen = _WRAPPED.get(id(prior))
+    if seen is not None and seen[0] is prior:
+        return seen[1]
+    wrapped = None
     if _families.is_raw_distribution(prior):
         try:
-            return _families.wrap_instance(prior)
+            wrapped = _families.wrap_instance(prior)
         except TypeError:
-            return None
-    return None
+            pass
+    if len(_WRAPPED) >= 1024:  # simply emptied when full
+        _WRAPPED.clear()
+    _WRAPPED[id(prior)] = (prior, wrapped)
+    return wrapped
+
+
+_WRAPPED: dict[int, tuple[Any, Any]] = {}
 
 
 def _concrete_float(x: Any) -> bool:
@@ -820,25 +831,24 @@ def in_dtype(prior: Any, dtype: Any) -> Any:
     """`prior` with its float arrays in `dtype`, so a parameter is scored in its
     own precision: a float32 prior (say built at import, before x64 was enabled)
     never silently promotes a float64 parameter's log-density, nor a float64
-    prior a float32 one. Raw distributions are wrapped (`_batchable`) first;
-    one that cannot be wrapped is returned unchanged."""
+    prior a float32 one. A raw prior that needs a cast is wrapped (`_batchable`)
+    first; one that cannot be wrapped is returned unchanged."""
+    if all(map(_fits(dtype), jtu.tree_leaves(prior))):
+        return prior
     wrapped = _batchable(prior)
     if wrapped is None:
         return prior
-    leaves = jtu.tree_leaves(wrapped)
-    if all(
-        leaf.dtype == dtype or not jnp.issubdtype(leaf.dtype, jnp.floating)
-        for leaf in leaves
-        if eqx.is_array(leaf)
-    ):
-        return prior
-    return jtu.tree_map(
-        lambda x: (
-            x.astype(dtype)
-            if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
-            else x
-        ),
-        wrapped,
+    return jtu.tree_map(lambda x: x if _fits(dtype)(x) else x.astype(dtype), wrapped)
+
+
+def _fits(dtype: Any) -> Callable[[Any], bool]:
+    """Whether a leaf needs no cast to `dtype`: not a float array, or already it."""
+    return lambda x: (
+        not (
+            eqx.is_array(x)
+            and jnp.issubdtype(x.dtype, jnp.floating)
+            and x.dtype != dtype
+        )
     )
 
 

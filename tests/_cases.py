@@ -663,7 +663,7 @@ NOT_STRICT_UPSTREAM = {
     "RationalQuadraticSpline": "distrax/_src/bijectors/rational_quadratic_spline.py:80",
     "nd.BernoulliLogits": "numpyro/distributions/discrete.py:250",
     "nd.BinomialLogits": "numpyro/distributions/util.py:186",
-    "tfd.StudentT": "tensorflow_probability/python/internal/backend/jax/numpy_math.py:293",
+    "tfd.StudentT": "tfp/python/internal/backend/jax/numpy_math.py:293",
 }
 
 # Classes whose own code asks for float64 without x64 (JAX then warns that it

@@ -540,3 +540,73 @@ def test_log_prior_of_many_leaves_sharing_a_wrapped_prior():
     outside = eqx.tree_at(lambda m: m.rates[11], model, jnp.asarray(-1.0))
     assert ep.log_prior(outside) == -np.inf
     assert eqx.filter_jit(ep.log_prior)(outside) == -np.inf
+
+
+# --- eager batching of many leaves (the fast path must equal the per-leaf one) ---
+
+
+class _Many(eqx.Module):
+    xs: list
+
+
+def _many_with(prior, values, constraint=None):
+    model = _Many([jnp.asarray(v) for v in values])
+    spec = ep.ParamSpec(prior=prior, constraint=constraint)
+    return model, {lambda m: m.xs: spec}
+
+
+@pytest.mark.parametrize(
+    "prior, values",
+    [
+        (distrax.Gamma(2.0, 1.0), [0.5, 1.0, 2.0, 3.0]),  # raw, scalar
+        (
+            distrax.MultivariateNormalDiag(jnp.zeros(3), jnp.ones(3)),  # raw, event
+            [[0.1, 0.2, 0.3], [1.0, -1.0, 0.0], [2.0, 0.0, -2.0]],
+        ),
+        (
+            tfp.distributions.Normal(jnp.zeros(2), jnp.ones(2)),  # raw, batch (2,)
+            [[0.5, -0.5], [1.0, 2.0], [0.0, 0.0]],
+        ),
+        (
+            ep.FixedDistrax(distrax.Gamma, jnp.array(2.0), jnp.array(1.0)),
+            [[0.5, 1.5], [2.5, 3.5]],  # a scalar prior over vector leaves
+        ),
+    ],
+)
+def test_log_prior_of_many_leaves_equals_the_sum_of_raw_log_probs(prior, values):
+    model, overrides = _many_with(prior, values)
+    expected = sum(jnp.sum(prior.log_prob(jnp.asarray(v))) for v in values)
+    _close(ep.log_prior(model, overrides), expected)
+    _close(jax.jit(lambda m: ep.log_prior(m, overrides))(model), expected)
+
+
+def test_log_prior_of_many_leaves_outside_the_support_is_minus_inf():
+    model, overrides = _many_with(distrax.Gamma(2.0, 1.0), [0.5, -1.0, 2.0])
+    assert ep.log_prior(model, overrides) == -np.inf
+
+
+def test_log_prior_of_many_leaves_checks_the_batch_shape_once_per_group():
+    prior = distrax.Normal(jnp.zeros(3), jnp.ones(3))  # batch (3,): counts 3 times
+    model, overrides = _many_with(prior, [0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match=r"`xs\[0\]`.*more than once"):
+        ep.log_prior(model, overrides)
+
+
+def test_a_float32_prior_scores_a_float64_parameter_in_float64():
+    prior = ep.FixedDistrax(distrax.Gamma, jnp.array(2.0), jnp.array(1.0))  # f32
+    with jax.enable_x64(True):
+        value = jnp.array(1.0 + 1e-9, jnp.float64)  # not representable in f32
+        model, overrides = _many_with(prior, [value, value])
+        got = ep.log_prior(model, overrides)
+        assert got.dtype == jnp.float64
+        v = 1.0 + 1e-9  # Gamma(2, 1): log p(v) = log v - v
+        np.testing.assert_allclose(float(got), 2 * (np.log(v) - v), rtol=1e-13)
+
+
+def test_weakly_typed_leaves_come_back_strongly_typed_from_the_batched_path():
+    values = [jnp.asarray(0.5 + i) for i in range(6)]  # Python floats: weak types
+    assert all(v.weak_type for v in values)
+    model, overrides = _many_with(None, values, ep.constraints.positive)
+    for u, v in zip(ep.unconstrain(model, overrides).xs, values):
+        _close(u, _inv_softplus(v))
+        assert u.dtype == v.dtype and not u.weak_type
