@@ -133,7 +133,10 @@ class ParamSpec:
                 cached = _constraint.default_bijector(self.constraint)
             else:
                 cached = _transforms.Identity()
-            object.__setattr__(self, "_transform", cached)
+            # Not cached when built under a trace (its bounds would be tracers,
+            # leaked into later calls).
+            if not any(map(_errors.is_traced, jtu.tree_leaves(cached))):
+                object.__setattr__(self, "_transform", cached)
         return cached
 
     @property
@@ -317,7 +320,7 @@ def _map(
             out[i] = inside(label_of(path), spec, item)
             continue
         group: Any = None
-        if batch is not None and spec is not None:
+        if batch is not None and spec is not None and np.size(item):
             kind = (id(spec), type(item), getattr(item, "dtype", None))
             group = seen.get(kind, _UNSEEN)
             if group is _UNSEEN:
@@ -367,22 +370,25 @@ class _Labels(Sequence):
 
 
 def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
-    """The batch a leaf can join (same transform, constraint, dtype), or `None`.
-    It depends only on the spec, the leaf's type and dtype (`_map` memoises it)."""
+    """The batch a leaf can join (same transform, constraint, trainability and
+    dtype), or `None`. It depends only on the spec, the leaf's type and dtype
+    (`_map` memoises it); `_map` keeps empty leaves out."""
     if not is_parameter_leaf(spec, label, leaf) or spec.probe:
         return None
     if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
         return None
     transform = spec.transform()
-    if not isinstance(transform, _transforms.BUILT_INS) or transform.event_ndim:
+    if not _transforms.batchable(transform):
         return None
     constraint = spec.constraint
-    if constraint is not None and constraint.event_ndim:
-        return None
+    if constraint is not None and (
+        constraint.event_ndim or not _errors.scalar_leaves(constraint)
+    ):
+        return None  # array bounds broadcast against each leaf's own shape
     # A transform without arrays batches across specs; one with arrays (bounds)
     # only with the leaves of its own spec.
     which = ("spec", id(spec)) if jtu.tree_leaves(transform) else transform
-    key = (which, constraint, leaf.dtype)
+    key = (which, constraint, spec.is_trainable, leaf.dtype)
     try:
         hash(key)
     except TypeError:
@@ -775,7 +781,7 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     ]
     # Nodes are scored at their values: all resolved in one call (batched).
     values = _parameter.resolve([item for *_, item in scored])
-    total = jnp.zeros(())
+    terms = []
     wrapped: dict[int, Any] = {}  # id(prior) -> a batchable FixedDistrax or None
     groups: dict[tuple, list] = {}
     for (path, prior, _), value in zip(scored, values):
@@ -786,16 +792,23 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
             if wrapped[id(prior)] is not None:
                 key = (id(prior), value.shape, value.dtype)
         if key is None:
-            total = total + score_prior(label_of(path), prior, value)
+            terms.append(score_prior(label_of(path), prior, value))
         else:
             groups.setdefault(key, []).append((path, value))
     for (prior_id, _, _), members in groups.items():
         prior = wrapped[prior_id]
         if len(members) == 1:
-            total = total + score_prior(label_of(members[0][0]), prior, members[0][1])
+            terms.append(score_prior(label_of(members[0][0]), prior, members[0][1]))
             continue
         _check_fit(label_of(members[0][0]), prior, members[0][1])
-        total = total + _score_many(prior, [value for _, value in members])
+        terms.append(_score_many(prior, [value for _, value in members]))
+    if not terms:
+        return jnp.zeros(())
+    # Summed in the widest dtype among the terms (no implicit promotion).
+    dtype = max((t.dtype for t in terms), key=lambda d: np.dtype(d).itemsize)
+    total = terms[0].astype(dtype)
+    for term in terms[1:]:
+        total = total + term.astype(dtype)
     return total
 
 
@@ -857,8 +870,9 @@ def _score_many(prior: Any, values: list) -> Array:
     prior = in_dtype(prior, values[0].dtype)
     stacked = jnp.stack(values)  # (n, *shape): the prior broadcasts over n
     ok = _support.in_support(prior, stacked)
-    lp = prior.log_prob(_support.feasible(prior, stacked, ok))
-    return jnp.sum(lp if ok is None else jnp.where(ok, lp, -jnp.inf))
+    lp = prior.log_prob(stacked)
+    lp = lp if ok is None else jnp.where(ok, lp, -jnp.inf)
+    return jnp.sum(lp, dtype=_sum_dtype(lp.dtype))
 
 
 def _check_fit(label: str, prior: Any, value: Any) -> None:
@@ -885,7 +899,15 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
     batch = value.shape[: value.ndim - len(event)]
     try:
         ok = _support.in_support(prior, value)
-        lp = prior.log_prob(_support.feasible(prior, value, ok))
+        if ok is not None and not _errors.is_traced(ok) and not np.all(ok):
+            # Outside the support: -inf whatever the density says, and the
+            # library is not asked (numpyro warns, TFP with validate_args
+            # raises). Only the shape of its answer is needed, for the check.
+            shaped = jax.ShapeDtypeStruct(value.shape, value.dtype)
+            lp = jax.eval_shape(prior.log_prob, shaped)
+            ok = np.zeros((), bool)
+        else:
+            lp = prior.log_prob(value)
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"The prior of `{label}` cannot score the parameter (shape "
@@ -899,6 +921,14 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
             "parameter more than once. Give the prior the parameter's shape (or "
             "a scalar one)."
         )
+    if ok is not None and not ok.shape and not _errors.is_traced(ok) and not ok:
+        return jnp.full((), -jnp.inf, _sum_dtype(lp.dtype))
     if ok is not None:
         lp = jnp.where(ok, lp, -jnp.inf)
-    return jnp.sum(lp)
+    return jnp.sum(lp, dtype=_sum_dtype(lp.dtype))
+
+
+def _sum_dtype(dtype: Any) -> Any:
+    """Log-densities are summed in at least float32 (bfloat16 and float16 lose
+    whole units over a few hundred terms)."""
+    return dtype if np.dtype(dtype).itemsize >= 4 else jnp.float32

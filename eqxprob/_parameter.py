@@ -154,10 +154,18 @@ def _split_like(flat: Array, values: list) -> list[Array]:
     return [p.reshape(np.shape(v)) for p, v in zip(jnp.split(flat, ends), values)]
 
 
+def forward_many(transform: Any, values: list, weak: bool = False) -> list[Array]:
+    """`transform.forward` of many arrays of one dtype at once (one compiled
+    call). The results are weakly typed only with `weak=True` (when all inputs
+    are)."""
+    return _forward_many(transform, values, weak)
+
+
 @eqx.filter_jit
-def forward_many(transform: Any, values: list) -> list[Array]:
-    """`transform.forward` of many arrays at once (one compiled call)."""
+def _forward_many(transform: Any, values: list, weak: bool) -> list[Array]:
     flat = jnp.concatenate([jnp.ravel(v) for v in values])
+    if not weak:
+        flat = flat.astype(values[0].dtype)  # drops a weak type
     return _split_like(_transforms.forward(transform, flat), values)
 
 
@@ -523,7 +531,8 @@ def resolve(tree: PyTree) -> PyTree:
             out[members[0]] = _resolve_node(leaves[members[0]])
             continue
         transform = leaves[members[0]].transform
-        values = forward_many(transform, [leaves[i].param for i in members])
+        params = [leaves[i].param for i in members]
+        values = forward_many(transform, params, weak=params[0].weak_type)
         for i, value in zip(members, values):
             out[i] = value
     return jtu.tree_unflatten(treedef, out)
@@ -533,18 +542,23 @@ def _batch_key(node: Bijector, shared: dict[int, Any]) -> Any:
     """For an eager `Bijector` whose elementwise built-in transform can map many
     parameters in one compiled call: what they must share. Else `None`."""
     param, transform = node.param, node.transform
-    if type(param) is not _ARRAY or not jnp.issubdtype(param.dtype, jnp.floating):
+    if (
+        type(param) is not _ARRAY
+        or not jnp.issubdtype(param.dtype, jnp.floating)
+        or not param.size
+    ):
         return None
     which = shared.get(id(transform), _UNSEEN)
     if which is _UNSEEN:
         which = shared[id(transform)] = _sharing(transform)
-    return None if which is None else (which, param.dtype)
+    # A weak type is kept, as the per-node path (and `jit`) keep it.
+    return None if which is None else (which, param.dtype, param.weak_type)
 
 
 def _sharing(transform: Any) -> Any:
     """How nodes can share `transform` in a batch: by value without arrays (the
     transform itself, hashed once), by identity with them, `None` if not at all."""
-    if not isinstance(transform, _transforms.BUILT_INS) or transform.event_ndim:
+    if not _transforms.batchable(transform):
         return None
     return transform if not jtu.tree_leaves(transform) else ("id", id(transform))
 

@@ -137,16 +137,3 @@ def in_support(prior: Any, value: Array) -> Array | None:
         return finite if base is None else finite & base
     rule = _RULES.get(name)
     return None if rule is None else rule(raw, value)
-
-
-def feasible(prior: Any, value: Array, ok: Array | None) -> Array:
-    """`value` with its entries outside `prior`'s support (`ok` from `in_support`)
-    moved onto a feasible point, for numpyro priors only: numpyro warns on an
-    out-of-support value, which is scored `-inf` here anyway."""
-    support = getattr(_raw(prior), "support", None)
-    if ok is None or support is None:
-        return value
-    if not type(support).__module__.startswith("numpyro"):
-        return value
-    inside = jnp.reshape(ok, jnp.shape(ok) + (1,) * (jnp.ndim(value) - jnp.ndim(ok)))
-    return jnp.where(inside, value, support.feasible_like(value))

@@ -382,6 +382,16 @@ class Static(eqx.Module):
 NODE_FREE = (*BUILT_INS, Static)
 
 
+def batchable(transform: Any) -> bool:
+    """Whether `transform` maps many arrays at once as one concatenated vector:
+    a built-in acting elementwise whose arrays (bounds) are scalars."""
+    return (
+        isinstance(transform, BUILT_INS)
+        and not transform.event_ndim
+        and _errors.scalar_leaves(transform)
+    )
+
+
 def _distrax_key(bijector: distrax.Bijector) -> Any:
     """Class and attributes, recursively; `None` if it holds arrays."""
 

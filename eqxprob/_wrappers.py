@@ -114,10 +114,14 @@ def _validation_key(
     """What a build's validity depends on, for a family that checks shapes and
     dtypes only: the class, the static arguments, and the structure, shapes and
     dtypes of the dynamic ones. `None` (validate every time) if the family may
-    check values or the key cannot be hashed."""
+    check values, if an argument is an integer or bool array (shapes, counts and
+    paddings are read as values, e.g. by `tfd.Sample` or `tfb.Reshape`), or if
+    the key cannot be hashed."""
     if family.checks_values(cls, dict(static.static)):
         return None
     leaves, treedef = jtu.tree_flatten(dynamic)
+    if any(eqx.is_array(x) and not eqx.is_inexact_array(x) for x in leaves):
+        return None
     shapes = tuple((x.shape, x.dtype) if eqx.is_array(x) else x for x in leaves)
     key = (cls, static, treedef, shapes)
     try:

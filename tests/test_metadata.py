@@ -610,3 +610,86 @@ def test_weakly_typed_leaves_come_back_strongly_typed_from_the_batched_path():
     for u, v in zip(ep.unconstrain(model, overrides).xs, values):
         _close(u, _inv_softplus(v))
         assert u.dtype == v.dtype and not u.weak_type
+
+
+# --- red-team cases of the eager fast paths (each failed once) -------------------
+
+
+def test_batched_leaves_keep_their_own_trainability():
+    class A(eqx.Module):
+        frozen_: jax.Array = ep.field(constraint=C.positive, trainable=False)
+        train_: jax.Array = ep.field(constraint=C.positive)
+
+    for model in (A(jnp.array(1.0), jnp.array(2.0)),):
+        eager = ep.parameterize(model)
+        traced = eqx.filter_jit(ep.parameterize)(model)
+        for got in (eager, traced):
+            assert isinstance(got.frozen_, ep.Frozen)
+            assert ep.is_bijector(got.train_)
+
+
+def test_array_bounds_in_a_list_field_eager_equals_jit():
+    low = jnp.array([0.0, 1.0, 2.0])
+
+    class M(eqx.Module):
+        xs: list = ep.field(constraint=C.greater_than(low))
+
+    model = M([jnp.array([0.5, 1.5, 2.5]), jnp.array([1.0, 2.0, 3.0])])
+    jitted = eqx.filter_jit(ep.unconstrain)(model)  # first: must not leak tracers
+    eager = ep.unconstrain(model)
+    for e, j, v in zip(eager.xs, jitted.xs, model.xs):
+        _close(e, j)
+        _close(e, _inv_softplus(v - low))
+    for back, v in zip(ep.constrain(eager).xs, model.xs):
+        _close(back, v)
+    for node, v in zip(ep.resolve(ep.parameterize(model)).xs, model.xs):
+        _close(node, v)
+
+
+def test_empty_leaves_next_to_others():
+    class M(eqx.Module):
+        xs: list = ep.field(constraint=C.real)
+
+    model = M([jnp.ones((2,)), jnp.zeros((0,))])
+    raw = ep.unconstrain(model)
+    assert [x.shape for x in raw.xs] == [(2,), (0,)]
+    t = ep.default_bijector(C.real)
+    nodes = [ep.Bijector(jnp.ones((2,)), t), ep.Bijector(jnp.zeros((0,)), t)]
+    assert [x.shape for x in ep.resolve(nodes)] == [(2,), (0,)]
+
+
+def test_a_prior_that_validates_values_scores_minus_inf_outside_its_support():
+    prior = tfp.distributions.Gamma(2.0, 1.0, validate_args=True)
+    for values in ([-1.0], [-1.0, 2.0]):
+        model = _Many([jnp.asarray(v) for v in values])
+        overrides = {lambda m: m.xs: ep.ParamSpec(prior=prior)}
+        assert ep.log_prior(model, overrides) == -np.inf
+        assert jax.jit(lambda m, o=overrides: ep.log_prior(m, o))(model) == -np.inf
+
+
+def test_weak_types_follow_the_per_leaf_path():
+    weak = [jnp.asarray(0.5), jnp.asarray(1.5)]  # weakly typed
+    model, overrides = _many_with(None, weak, C.positive)
+    raw = ep.unconstrain(model, overrides)
+    assert not any(x.weak_type for x in ep.constrain(raw, overrides).xs)
+    node = ep.positive(1.0)
+    weak_node = eqx.tree_at(lambda b: b.param, node, jnp.asarray(0.3))
+    mixed = [weak_node, weak_node, node, node]
+    assert [b.param.weak_type for b in mixed] == [True, True, False, False]
+    eager = [x.weak_type for x in ep.resolve(mixed)]
+    assert eager == [x.weak_type for x in jax.jit(ep.resolve)(mixed)]
+    assert eager == [True, True, False, False]
+
+
+def test_bfloat16_parameters_are_summed_in_float32():
+    values = [jnp.asarray(0.1 * i, jnp.bfloat16) for i in range(300)]
+    prior = distrax.Normal(0.0, 1.0)
+    model, overrides = _many_with(prior, values)
+    got = ep.log_prior(model, overrides)
+    x = np.asarray([np.float64(np.asarray(v, np.float32)) for v in values])
+    expected = np.sum(-0.5 * x**2 - 0.5 * np.log(2 * np.pi))  # in float64
+    assert got.dtype == jnp.float32
+    # bfloat16 log-densities (8 bits of mantissa), summed in float32
+    np.testing.assert_allclose(float(got), expected, rtol=1e-2)
+    traced = jax.jit(lambda m, o=overrides: ep.log_prior(m, o))(model)
+    np.testing.assert_allclose(float(traced), expected, rtol=1e-2)

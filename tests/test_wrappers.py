@@ -536,3 +536,15 @@ def test_cached_validation_still_rejects_new_bad_shapes_and_bad_values():
     ep.FixedDistrax(tfd.Normal, jnp.zeros(()), jnp.ones(()), validate_args=True)
     with pytest.raises(Exception, match="scale"):
         ep.FixedDistrax(tfd.Normal, jnp.zeros(()), -jnp.ones(()), validate_args=True)
+
+
+def test_integer_arguments_are_validated_every_time():
+    # TFP reads integer arguments (shapes, counts) as values when it builds.
+    tfd, tfb = tfp.distributions, tfp.bijectors
+    normal = ep.FixedDistrax(tfd.Normal, jnp.array(0.0), jnp.array(1.0))
+    ep.FixedDistrax(tfd.Sample, normal, jnp.array([3]))
+    with pytest.raises(ValueError, match="rejected the arguments"):
+        ep.FixedDistrax(tfd.Sample, normal, jnp.array([-3]))
+    ep.FixedDistrax(tfb.Reshape, jnp.array([2, 3]))
+    with pytest.raises(ValueError, match="rejected the arguments"):
+        ep.FixedDistrax(tfb.Reshape, jnp.array([-1, -1]))
