@@ -736,7 +736,11 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
 
     Parameter nodes are scored at their resolved (constrained) value, so
     `log_prior(ep.parameterize(m)) == log_prior(m)`. A value outside a prior's
-    support scores `-inf` (not NaN, not the density's formula continued). This is
+    support scores `-inf` (not NaN, not the density's formula continued). Each
+    parameter is scored in its own dtype (a float32 prior's arrays are cast for a
+    float64 parameter, and back), and the terms are summed in the widest of their
+    dtypes, at least float32. Eagerly, parameters sharing a prior (and a shape)
+    are scored in one compiled call. This is
     a density over the *constrained* values. For a density over the unconstrained
     parameters that an optimiser or sampler actually moves, add the
     log-determinant of the Jacobian of the transform:

@@ -386,6 +386,12 @@ class FixedDistrax(eqx.Module):
     method of it that returns a raw distribution or bijector (numpyro's
     `to_event`, say) returns it wrapped.
 
+    Construction checks the arguments by building the object once. A build whose
+    class, static arguments, shapes and dtypes equal those of an earlier valid
+    build is not built again, except where building checks values: numpyro
+    distributions (which validate by default), TFP with `validate_args=True`,
+    and any build with integer array arguments (shapes and counts).
+
     No call mutates process-wide state, so wrappers may be used from several
     threads at once (see `eqxprob/_families.py` on TFP's bijector cache).
 
