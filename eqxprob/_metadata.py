@@ -320,7 +320,7 @@ def _map(
             out[i] = inside(label_of(path), spec, item)
             continue
         group: Any = None
-        if batch is not None and spec is not None and np.size(item):
+        if batch is not None and spec is not None and getattr(item, "size", 1):
             kind = (id(spec), type(item), getattr(item, "dtype", None))
             group = seen.get(kind, _UNSEEN)
             if group is _UNSEEN:

@@ -13,6 +13,7 @@ shortcuts (`positive`, `bounded`, ...), `Bijector.from_value` and the registry
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -133,7 +134,9 @@ def to_unconstrained_many(
     return params
 
 
-@eqx.filter_jit
+# `jax.jit`, not `eqx.filter_jit`: its C++ dispatch is faster for many arguments.
+# The transform is a pytree (its bounds traced), the constraint static (hashable).
+@functools.partial(jax.jit, static_argnums=1)
 def _inverse_many(transform: Any, constraint: Any, values: list) -> tuple:
     dtype = values[0].dtype  # one dtype per batch; any weak type is dropped
     flat = jnp.concatenate([jnp.ravel(v).astype(dtype) for v in values])
@@ -161,7 +164,7 @@ def forward_many(transform: Any, values: list, weak: bool = False) -> list[Array
     return _forward_many(transform, values, weak)
 
 
-@eqx.filter_jit
+@functools.partial(jax.jit, static_argnums=2)
 def _forward_many(transform: Any, values: list, weak: bool) -> list[Array]:
     flat = jnp.concatenate([jnp.ravel(v) for v in values])
     if not weak:
@@ -444,7 +447,8 @@ def is_bijector(x: Any) -> bool:
 
 def is_node(x: Any) -> bool:
     """A `Bijector` or `Frozen` node: where metadata and traversals stop."""
-    return isinstance(x, (Bijector, Frozen))
+    # Arrays first: an `isinstance` against Module classes goes through `abc`.
+    return type(x) is not _ARRAY and isinstance(x, (Bijector, Frozen))
 
 
 def _paramax() -> Any:
@@ -516,11 +520,20 @@ def resolve(tree: PyTree) -> PyTree:
     assert jnp.allclose(values["scale"], 2.0) and values["shift"] == 1.0
     ```
     """
-    leaves, treedef = jtu.tree_flatten(tree, is_leaf=_is_resolvable)
+    paramax = _paramax()
+    stops = (Bijector, Frozen)
+    if paramax is not None:
+        stops += (paramax.AbstractUnwrappable,)
+    leaves, treedef = jtu.tree_flatten(
+        tree, is_leaf=lambda x: type(x) is not _ARRAY and isinstance(x, stops)
+    )
     out: list[Any] = [None] * len(leaves)
     groups: dict[Any, list[int]] = {}
     shared: dict[int, Any] = {}  # id(transform) -> how it is shared, per call
     for i, x in enumerate(leaves):
+        if type(x) is _ARRAY:  # the common case: nothing to resolve
+            out[i] = x
+            continue
         key = _batch_key(x, shared) if type(x) is Bijector else None
         if key is None:
             out[i] = _resolve_node(x)
@@ -540,24 +553,29 @@ def resolve(tree: PyTree) -> PyTree:
 
 def _batch_key(node: Bijector, shared: dict[int, Any]) -> Any:
     """For an eager `Bijector` whose elementwise built-in transform can map many
-    parameters in one compiled call: what they must share. Else `None`."""
-    param, transform = node.param, node.transform
+    parameters in one compiled call: what they must share. Else `None`.
+    `shared` (per call) maps `id(transform)` to a small number, and each
+    distinct transform value to it, so that no transform is hashed twice."""
+    fields = object.__getattribute__(node, "__dict__")  # Module attributes are slow
+    param, transform = fields["param"], fields["transform"]
     if (
         type(param) is not _ARRAY
-        or not jnp.issubdtype(param.dtype, jnp.floating)
         or not param.size
+        or not jnp.issubdtype(param.dtype, jnp.floating)
     ):
         return None
-    which = shared.get(id(transform), _UNSEEN)
-    if which is _UNSEEN:
-        which = shared[id(transform)] = _sharing(transform)
+    number = shared.get(id(transform), _UNSEEN)
+    if number is _UNSEEN:
+        which = _sharing(transform)
+        number = None if which is None else shared.setdefault(which, len(shared))
+        shared[id(transform)] = number
     # A weak type is kept, as the per-node path (and `jit`) keep it.
-    return None if which is None else (which, param.dtype, param.weak_type)
+    return None if number is None else (number, param.dtype, param.weak_type)
 
 
 def _sharing(transform: Any) -> Any:
     """How nodes can share `transform` in a batch: by value without arrays (the
-    transform itself, hashed once), by identity with them, `None` if not at all."""
+    transform itself), by identity with them, `None` if not at all."""
     if not _transforms.batchable(transform):
         return None
     return transform if not jtu.tree_leaves(transform) else ("id", id(transform))
