@@ -404,26 +404,57 @@ def test_calls_differing_in_steps_or_with_equal_fresh_optimisers_do_not_compile(
 
 def test_minibatch_step_cost_does_not_grow_with_the_rows():
     """The compiled step is the same program for 10k and 1M rows (no sort, no
-    permutation): a deterministic proxy for a flat per-step cost."""
+    permutation): a deterministic proxy for a flat per-step cost. (`ep.fit` under
+    `jax.jit` compiles its chunk into the caller's program.)"""
     from _common import count_hlo_ops
 
-    def hlo(rows):
-        data = jnp.zeros((rows, 3))
-        problem = ep._fit._Problem(
-            lambda m, b: jnp.mean((b - m) ** 2), optax.sgd(0.1), 64, rows, False
+    def train(data, key):
+        return ep.fit(
+            jnp.zeros(3),
+            lambda m, b: jnp.mean((b - m) ** 2),
+            optimiser=optax.sgd(0.1),
+            steps=5,
+            data=data,
+            batch_size=64,
+            key=key,
+            progress=False,
         )
-        keys = tuple(jax.random.split(jax.random.key(0)))
 
-        def chunk(p, s, d, k, start, length):
-            return ep._fit._run_chunk(p, s, None, d, k, start, length, problem, 10)
-
-        args = (jnp.zeros(3), optax.sgd(0.1).init(jnp.zeros(3)), data, keys)
-        lowered = jax.jit(chunk).lower(*args, jnp.int32(0), jnp.int32(5))
+    def hlo(rows):
+        lowered = jax.jit(train).lower(jnp.zeros((rows, 3)), jax.random.key(0))
         return lowered.compile().as_text()
 
     small, large = hlo(10_000), hlo(1_000_000)
     assert "sort" not in small and "sort" not in large
     assert count_hlo_ops(small) == count_hlo_ops(large)
+
+
+def test_fit_under_jit_and_vmap_is_the_eager_fit():
+    """Traced, `fit` becomes part of the caller's program, chunks and all."""
+
+    def loss(x, batch, key):
+        return jnp.mean((batch - x) ** 2) + 0.01 * jax.random.normal(key)
+
+    kw = dict(
+        optimiser=optax.adam(0.1), steps=25, data=DATA, batch_size=4, progress=False,
+        chunk_size=10,
+    )  # fmt: skip
+    key = jax.random.key(0)
+    model, losses, state = ep.fit(
+        jnp.array(0.0), loss, key=key, return_state=True, **kw
+    )
+    jitted = jax.jit(lambda m, k: ep.fit(m, loss, key=k, return_state=True, **kw))
+    m, traced_losses, s = jitted(jnp.array(0.0), key)
+    np.testing.assert_allclose(m, model, rtol=1e-6)
+    np.testing.assert_allclose(traced_losses, losses, rtol=1e-6)
+    assert s.step == state.step == 25
+    np.testing.assert_allclose(s.opt_state[0].mu, state.opt_state[0].mu, rtol=1e-6)
+    # a batch of fits, one per starting point
+    starts = jnp.array([0.0, 1.0, -2.0])
+    batched, batched_losses = jax.vmap(lambda m: ep.fit(m, loss, key=key, **kw))(starts)
+    assert batched_losses.shape == (3, 25)
+    for start, b in zip(starts, batched):
+        np.testing.assert_allclose(b, ep.fit(start, loss, key=key, **kw)[0], rtol=1e-5)
 
 
 def test_stochastic_loss_gets_a_fresh_key_per_step_reproducibly():
