@@ -254,7 +254,7 @@ def main() -> None:
     gp20, gp200, line = gp_problem(20), gp_problem(200), line_problem()
     rows = [
         per_step_row("GP n=20", gp20, 50 if quick else 3000, repeat),
-        per_step_row("GP n=200", gp200, 5 if quick else 300, 1 if quick else 2),
+        per_step_row("GP n=200", gp200, 5 if quick else 200, 1 if quick else 3),
         *(
             whole_call_row("2-param", line, steps, 1 if quick else calls)
             for steps, calls in (
