@@ -313,7 +313,9 @@ class _Plan:
         hand-written step plus the loss's write into the buffer; finiteness is
         read on the host from the losses and one flag, and `fit` replays a chunk
         that was not finite to find the step that broke."""
-        optimiser = self.problem.optimiser.value
+        # (A plain `GradientTransformation`, e.g. one of the user's own, takes no
+        # `value=`/`grad=`/`value_fn=`: optax's wrapper drops them.)
+        optimiser = optax.with_extra_args_support(self.problem.optimiser.value)
         fixed, data, keys = self.split(fixed)
         params = jtu.tree_unflatten(self.params_treedef, train)
         state = jtu.tree_unflatten(self.opt_treedef, opt)

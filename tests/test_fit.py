@@ -493,6 +493,37 @@ def test_resuming_equals_one_long_run():
     np.testing.assert_allclose(jnp.concatenate([l1, l2]), lw, rtol=1e-6)
 
 
+def test_an_optimiser_whose_state_starts_from_the_parameters():
+    """An initial state that is not zeros (here a copy of the parameters) is made
+    inside the first chunk, and carried over when resuming; a plain
+    `GradientTransformation` (no extra-args support) works too."""
+
+    def anchored(lr):  # sgd pulled back towards the starting point
+        def init(params):
+            return params
+
+        def update(grads, anchor, params=None):
+            step = jax.tree_util.tree_map(
+                lambda g, p, a: -lr * (g + (p - a)), grads, params, anchor
+            )
+            return step, anchor
+
+        return optax.GradientTransformation(init, update)
+
+    loss = lambda x: jnp.sum((x - 3.0) ** 2)  # noqa: E731
+    x = jnp.array([1.0, -1.0])
+    expected = x
+    for _ in range(40):
+        expected = expected - 0.1 * (2 * (expected - 3.0) + (expected - x))
+    kw = dict(optimiser=anchored(0.1), progress=False, chunk_size=16)
+    trained, _ = ep.fit(x, loss, steps=40, **kw)
+    np.testing.assert_allclose(trained, expected, rtol=1e-5)
+    half, _, state = ep.fit(x, loss, steps=25, return_state=True, **kw)
+    np.testing.assert_allclose(state.opt_state, x)  # the anchor, not zeros
+    resumed, _ = ep.fit(half, loss, steps=15, state=state, **kw)
+    np.testing.assert_allclose(resumed, expected, rtol=1e-5)
+
+
 def test_lbfgs_reaches_the_optimum_of_a_quadratic_like_scipy():
     scipy_optimize = pytest.importorskip("scipy.optimize")
     a = jnp.array([[3.0, 0.5], [0.5, 1.0]])
