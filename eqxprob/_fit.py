@@ -653,8 +653,9 @@ def fit(
             losses.append(chunk)
             done += length
             if bar is not None:
+                # (One redraw, by `update`: `set_postfix` would draw once more.)
+                bar.set_postfix(loss=f"{float(chunk[-1]):.6g}", refresh=False)
                 bar.update(length)
-                bar.set_postfix(loss=f"{float(chunk[-1]):.6g}")
             per_step = (time.perf_counter() - began) / length
             if not compiling:
                 plan.per_step = per_step
