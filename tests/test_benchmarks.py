@@ -25,3 +25,26 @@ def test_gp_training_benchmark_variants_agree():
         len(variants) >= 6
     )  # hand-written ×3 and eqxprob ×3, GPJax/paramax if present
     assert all(row.rstrip().endswith("yes") for row in variants), result.stdout
+
+
+def test_fit_overhead_benchmark_prints_every_row():
+    result = subprocess.run(
+        [sys.executable, "fit_overhead.py", "--quick"],
+        cwd=BENCHMARKS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [
+        line
+        for line in result.stdout.splitlines()
+        if line.count(" µs ") + line.count(" ms ") == 2
+    ]
+    names = ["GP n=20, per step", "GP n=200, per step", "whole call, 100 steps"]
+    names += ["2-param, fixed cost", "GP n=20, fixed cost"]
+    assert all(any(name in row for row in rows) for name in names), result.stdout
+    assert sum("whole call" in row for row in rows) == 3, result.stdout
+    for row in rows:  # hand, ep.fit, ratio, range, ratio of mins
+        ratio = float(row.split()[-3])
+        assert ratio > 0, row

@@ -51,7 +51,8 @@ def _hand_written(model, optimiser, steps):
     @jax.jit
     def step(params, state):
         value, grads = jax.value_and_grad(loss)(params)
-        updates, state = optimiser.update(grads, state, params)
+        with jax.numpy_dtype_promotion("standard"):  # optax is not strict-clean
+            updates, state = optimiser.update(grads, state, params)
         return optax.apply_updates(params, updates), state, value
 
     losses = []
@@ -306,7 +307,7 @@ def test_bad_arguments(name):
 LOSSES = {
     "vector": (lambda m: m * jnp.ones(3), "real floating-point scalar, got shape"),
     "integer": (lambda m: jnp.int32(1), "dtype int32"),
-    "complex": (lambda m: m * 1j, "dtype complex"),
+    "complex": (lambda m: m.astype(jnp.complex64), "dtype complex"),
     "tuple": (lambda m: (m**2, m), "must return a scalar array, got tuple"),
     "arity": (lambda: 1.0, r"calling `loss_fn\(model\)` failed"),
 }
@@ -404,26 +405,57 @@ def test_calls_differing_in_steps_or_with_equal_fresh_optimisers_do_not_compile(
 
 def test_minibatch_step_cost_does_not_grow_with_the_rows():
     """The compiled step is the same program for 10k and 1M rows (no sort, no
-    permutation): a deterministic proxy for a flat per-step cost."""
+    permutation): a deterministic proxy for a flat per-step cost. (`ep.fit` under
+    `jax.jit` compiles its chunk into the caller's program.)"""
     from _common import count_hlo_ops
 
-    def hlo(rows):
-        data = jnp.zeros((rows, 3))
-        problem = ep._fit._Problem(
-            lambda m, b: jnp.mean((b - m) ** 2), optax.sgd(0.1), 64, rows, False
+    def train(data, key):
+        return ep.fit(
+            jnp.zeros(3),
+            lambda m, b: jnp.mean((b - m) ** 2),
+            optimiser=optax.sgd(0.1),
+            steps=5,
+            data=data,
+            batch_size=64,
+            key=key,
+            progress=False,
         )
-        keys = tuple(jax.random.split(jax.random.key(0)))
 
-        def chunk(p, s, d, k, start, length):
-            return ep._fit._run_chunk(p, s, None, d, k, start, length, problem, 10)
-
-        args = (jnp.zeros(3), optax.sgd(0.1).init(jnp.zeros(3)), data, keys)
-        lowered = jax.jit(chunk).lower(*args, jnp.int32(0), jnp.int32(5))
+    def hlo(rows):
+        lowered = jax.jit(train).lower(jnp.zeros((rows, 3)), jax.random.key(0))
         return lowered.compile().as_text()
 
     small, large = hlo(10_000), hlo(1_000_000)
     assert "sort" not in small and "sort" not in large
     assert count_hlo_ops(small) == count_hlo_ops(large)
+
+
+def test_fit_under_jit_and_vmap_is_the_eager_fit():
+    """Traced, `fit` becomes part of the caller's program, chunks and all."""
+
+    def loss(x, batch, key):
+        return jnp.mean((batch - x) ** 2) + 0.01 * jax.random.normal(key)
+
+    kw = dict(
+        optimiser=optax.adam(0.1), steps=25, data=DATA, batch_size=4, progress=False,
+        chunk_size=10,
+    )  # fmt: skip
+    key = jax.random.key(0)
+    model, losses, state = ep.fit(
+        jnp.array(0.0), loss, key=key, return_state=True, **kw
+    )
+    jitted = jax.jit(lambda m, k: ep.fit(m, loss, key=k, return_state=True, **kw))
+    m, traced_losses, s = jitted(jnp.array(0.0), key)
+    np.testing.assert_allclose(m, model, rtol=1e-6)
+    np.testing.assert_allclose(traced_losses, losses, rtol=1e-6)
+    assert s.step == state.step == 25
+    np.testing.assert_allclose(s.opt_state[0].mu, state.opt_state[0].mu, rtol=1e-6)
+    # a batch of fits, one per starting point
+    starts = jnp.array([0.0, 1.0, -2.0])
+    batched, batched_losses = jax.vmap(lambda m: ep.fit(m, loss, key=key, **kw))(starts)
+    assert batched_losses.shape == (3, 25)
+    for start, b in zip(starts, batched):
+        np.testing.assert_allclose(b, ep.fit(start, loss, key=key, **kw)[0], rtol=1e-5)
 
 
 def test_stochastic_loss_gets_a_fresh_key_per_step_reproducibly():
@@ -460,6 +492,37 @@ def test_resuming_equals_one_long_run():
     whole, lw = ep.fit(jnp.array(0.0), loss, steps=60, **common)
     np.testing.assert_allclose(m2, whole, rtol=1e-6)
     np.testing.assert_allclose(jnp.concatenate([l1, l2]), lw, rtol=1e-6)
+
+
+def test_an_optimiser_whose_state_starts_from_the_parameters():
+    """An initial state that is not zeros (here a copy of the parameters) is made
+    inside the first chunk, and carried over when resuming; a plain
+    `GradientTransformation` (no extra-args support) works too."""
+
+    def anchored(lr):  # sgd pulled back towards the starting point
+        def init(params):
+            return params
+
+        def update(grads, anchor, params=None):
+            step = jax.tree_util.tree_map(
+                lambda g, p, a: -lr * (g + (p - a)), grads, params, anchor
+            )
+            return step, anchor
+
+        return optax.GradientTransformation(init, update)
+
+    loss = lambda x: jnp.sum((x - 3.0) ** 2)  # noqa: E731
+    x = jnp.array([1.0, -1.0])
+    expected = x
+    for _ in range(40):
+        expected = expected - 0.1 * (2 * (expected - 3.0) + (expected - x))
+    kw = dict(optimiser=anchored(0.1), progress=False, chunk_size=16)
+    trained, _ = ep.fit(x, loss, steps=40, **kw)
+    np.testing.assert_allclose(trained, expected, rtol=1e-5)
+    half, _, state = ep.fit(x, loss, steps=25, return_state=True, **kw)
+    np.testing.assert_allclose(state.opt_state, x)  # the anchor, not zeros
+    resumed, _ = ep.fit(half, loss, steps=15, state=state, **kw)
+    np.testing.assert_allclose(resumed, expected, rtol=1e-5)
 
 
 def test_lbfgs_reaches_the_optimum_of_a_quadratic_like_scipy():
@@ -574,6 +637,7 @@ def test_progress_bar_shows_in_a_jupyter_kernel():
     assert widgets or ("20/20" in text and "loss=" in text)
 
 
+@pytest.mark.standard_promotion("the gpx.fit reference runs optax: _tree_math.py:449")
 def test_a_gpjax_model_fits_unchanged_like_gpx_fit():
     """GPJax 1.0 models (paramax-wrapped parameters) train with `ep.fit` as they
     are, to `gpx.fit`'s result; a `paramax.non_trainable` value stays put under
