@@ -1,12 +1,18 @@
 """Shared measuring tools for the benchmark scripts (not a test; asserts nothing)."""
 
-import re
+import pathlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
+
+
+# One HLO counter, kept with the tests that use it (tests/_hlo.py).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+from _hlo import count_hlo_ops, hlo_op_count  # noqa: E402, F401
 
 
 def median_seconds(fn: Callable[[], Any], repeat: int = 50, number: int = 1) -> float:
@@ -20,48 +26,6 @@ def median_seconds(fn: Callable[[], Any], repeat: int = 50, number: int = 1) -> 
         jax.block_until_ready(out)
         times.append((time.perf_counter() - start) / number)
     return statistics.median(times)
-
-
-def hlo_op_count(fn: Callable[..., Any], *args: Any) -> int:
-    """Number of instructions in the optimised, compiled HLO of `jax.jit(fn)`."""
-    return count_hlo_ops(jax.jit(fn).lower(*args).compile().as_text())
-
-
-def count_hlo_ops(hlo: str, loop_body: bool = False) -> int:
-    """Instructions in compiled HLO text: all of them, or (`loop_body=True`) those
-    of the one `while` loop's body and the computations it calls, i.e. one step of
-    a `lax.scan`, without the code around the loop."""
-    computations: dict[str, list[str]] = {}
-    name = None
-    for line in hlo.splitlines():
-        header = re.match(r"(?:ENTRY )?%(\S+) .*\{$", line)
-        if header:
-            name = header.group(1)
-            computations[name] = []
-        elif line.startswith("}"):
-            name = None
-        elif name is not None and " = " in line:
-            computations[name].append(line)
-    if not loop_body:
-        return sum(len(lines) for lines in computations.values())
-    loops = [
-        re.search(r"body=%([\w.\-]+)", line).group(1)
-        for lines in computations.values()
-        for line in lines
-        if " while(" in line
-    ]
-    if len(loops) != 1:
-        raise ValueError(f"expected one while loop in the HLO, found {len(loops)}")
-    seen, stack = set(), loops
-    while stack:
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            for line in computations[name]:
-                stack += [
-                    c for c in re.findall(r"%([\w.\-]+)", line) if c in computations
-                ]
-    return sum(len(computations[c]) for c in seen)
 
 
 def table(header: list[str], rows: list[list[Any]]) -> str:

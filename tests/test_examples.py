@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _common import count_hlo_ops
+from _hlo import count_hlo_ops
 
 import eqxprob as ep
 

@@ -407,7 +407,7 @@ def test_minibatch_step_cost_does_not_grow_with_the_rows():
     """The compiled step is the same program for 10k and 1M rows (no sort, no
     permutation): a deterministic proxy for a flat per-step cost. (`ep.fit` under
     `jax.jit` compiles its chunk into the caller's program.)"""
-    from _common import count_hlo_ops
+    from _hlo import count_hlo_ops
 
     def train(data, key):
         return ep.fit(

@@ -12,7 +12,7 @@ import numpy as np
 import numpyro.distributions as nd
 import optax
 import pytest
-from _common import hlo_op_count
+from _hlo import hlo_op_count
 from tensorflow_probability.substrates import jax as tfp
 
 import eqxprob as ep

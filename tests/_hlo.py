@@ -1,0 +1,53 @@
+"""Counting instructions in compiled HLO: the deterministic proxy of "no overhead
+after `jit`" that tests compare with hand-written JAX (never wall time).
+
+The benchmark scripts use the same counter (`benchmarks/_common.py` imports it).
+"""
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+
+def hlo_op_count(fn: Callable[..., Any], *args: Any) -> int:
+    """Number of instructions in the optimised, compiled HLO of `jax.jit(fn)`."""
+    return count_hlo_ops(jax.jit(fn).lower(*args).compile().as_text())
+
+
+def count_hlo_ops(hlo: str, loop_body: bool = False) -> int:
+    """Instructions in compiled HLO text: all of them, or (`loop_body=True`) those
+    of the one `while` loop's body and the computations it calls, i.e. one step of
+    a `lax.scan`, without the code around the loop."""
+    computations: dict[str, list[str]] = {}
+    name = None
+    for line in hlo.splitlines():
+        header = re.match(r"(?:ENTRY )?%(\S+) .*\{$", line)
+        if header:
+            name = header.group(1)
+            computations[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None and " = " in line:
+            computations[name].append(line)
+    if not loop_body:
+        return sum(len(lines) for lines in computations.values())
+    loops = [
+        re.search(r"body=%([\w.\-]+)", line).group(1)
+        for lines in computations.values()
+        for line in lines
+        if " while(" in line
+    ]
+    if len(loops) != 1:
+        raise ValueError(f"expected one while loop in the HLO, found {len(loops)}")
+    seen, stack = set(), loops
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            for line in computations[name]:
+                stack += [
+                    c for c in re.findall(r"%([\w.\-]+)", line) if c in computations
+                ]
+    return sum(len(computations[c]) for c in seen)
