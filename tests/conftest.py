@@ -56,3 +56,13 @@ def pytest_terminal_summary(terminalreporter):
     for path, seconds in sorted(_DURATIONS.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
     terminalreporter.write_line(f"{sum(_DURATIONS.values()):8.1f} s  in all")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (`--dist loadgroup`, pyproject.toml), all conformance tests of
+    one class run on one worker, so its compiled functions (cached per class in
+    test_conformance.py) are compiled once rather than once per worker."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module.__name__ == "test_conformance" and "name" in params:
+            item.add_marker(pytest.mark.xdist_group(params["name"]))
