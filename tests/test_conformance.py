@@ -258,7 +258,7 @@ def test_vmap_over_stacked_wrappers_equals_loop(name):
     factors = (1.0, 1.05, 1.1)
     wrappers = [case.make(_scaled(case.params, f), ep.FixedDistrax) for f in factors]
     stacked = jtu.tree_map(lambda *v: jnp.stack(v), *wrappers)
-    got = jax.vmap(lambda w: _value(w, case, x))(stacked)
+    got = jax.jit(jax.vmap(lambda w: _value(w, case, x)))(stacked)
     expected = [_reference(name, _scaled(case.params, f)) for f in factors]
     _close(got, jnp.stack(expected), rtol=1e-4)
 

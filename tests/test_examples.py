@@ -326,7 +326,7 @@ def test_svgp_classification_nears_the_bayes_classifier(examples, capsys):
 
 def test_svgp_sharded_over_8_devices_equals_single_device():
     code = (
-        "import svgp_classification as s; r = s.main(n=800, m=16, steps=60, "
+        "import svgp_classification as s; r = s.main(n=400, m=16, steps=40, "
         "batch=128, devices=8, n_test=200, out=None, progress=False); "
         "print(r['max_difference'])"
     )
