@@ -377,17 +377,14 @@ def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
         return None
     if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
         return None
-    transform = spec.transform()
-    if not _transforms.batchable(transform):
+    which = _parameter.sharing(spec.transform())  # the spec caches its transform
+    if which is None:
         return None
     constraint = spec.constraint
     if constraint is not None and (
         constraint.event_ndim or not _errors.scalar_leaves(constraint)
     ):
         return None  # array bounds broadcast against each leaf's own shape
-    # A transform without arrays batches across specs; one with arrays (bounds)
-    # only with the leaves of its own spec.
-    which = ("spec", id(spec)) if jtu.tree_leaves(transform) else transform
     key = (which, constraint, spec.is_trainable, leaf.dtype)
     try:
         hash(key)
@@ -873,10 +870,7 @@ def _fits(dtype: Any) -> Callable[[Any], bool]:
 def _score_many(prior: Any, values: list) -> Array:
     prior = in_dtype(prior, values[0].dtype)
     stacked = jnp.stack(values)  # (n, *shape): the prior broadcasts over n
-    ok = _support.in_support(prior, stacked)
-    lp = prior.log_prob(stacked)
-    lp = lp if ok is None else jnp.where(ok, lp, -jnp.inf)
-    return jnp.sum(lp, dtype=_sum_dtype(lp.dtype))
+    return _sum_in_support(prior.log_prob(stacked), _support.in_support(prior, stacked))
 
 
 def _check_fit(label: str, prior: Any, value: Any) -> None:
@@ -903,13 +897,13 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
     batch = value.shape[: value.ndim - len(event)]
     try:
         ok = _support.in_support(prior, value)
-        if ok is not None and not _errors.is_traced(ok) and not np.all(ok):
-            # Outside the support: -inf whatever the density says, and the
-            # library is not asked (numpyro warns, TFP with validate_args
-            # raises). Only the shape of its answer is needed, for the check.
+        # Outside the support (known eagerly): -inf whatever the density says,
+        # and the library is not asked (numpyro warns, TFP with validate_args
+        # raises); only the shape of its answer is needed, for the check below.
+        outside = ok is not None and not _errors.is_traced(ok) and not np.all(ok)
+        if outside:
             shaped = jax.ShapeDtypeStruct(value.shape, value.dtype)
             lp = jax.eval_shape(prior.log_prob, shaped)
-            ok = np.zeros((), bool)
         else:
             lp = prior.log_prob(value)
     except (TypeError, ValueError) as e:
@@ -925,10 +919,14 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
             "parameter more than once. Give the prior the parameter's shape (or "
             "a scalar one)."
         )
-    if ok is not None and not ok.shape and not _errors.is_traced(ok) and not ok:
+    if outside:
         return jnp.full((), -jnp.inf, _sum_dtype(lp.dtype))
-    if ok is not None:
-        lp = jnp.where(ok, lp, -jnp.inf)
+    return _sum_in_support(lp, ok)
+
+
+def _sum_in_support(lp: Array, ok: Array | None) -> Array:
+    """The sum of log-densities, `-inf` where `ok` (the support) is False."""
+    lp = lp if ok is None else jnp.where(ok, lp, -jnp.inf)
     return jnp.sum(lp, dtype=_sum_dtype(lp.dtype))
 
 

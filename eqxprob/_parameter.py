@@ -566,19 +566,25 @@ def _batch_key(node: Bijector, shared: dict[int, Any]) -> Any:
         return None
     number = shared.get(id(transform), _UNSEEN)
     if number is _UNSEEN:
-        which = _sharing(transform)
+        which = sharing(transform)
         number = None if which is None else shared.setdefault(which, len(shared))
         shared[id(transform)] = number
     # A weak type is kept, as the per-node path (and `jit`) keep it.
     return None if number is None else (number, param.dtype, param.weak_type)
 
 
-def _sharing(transform: Any) -> Any:
-    """How nodes can share `transform` in a batch: by value without arrays (the
-    transform itself), by identity with them, `None` if not at all."""
+def sharing(transform: Any) -> Any:
+    """How parameters can share `transform` in one batched call (`resolve`, and
+    the registry's `_metadata._group`): by value without arrays (the transform
+    itself), by identity with them (scalar bounds), `None` if not at all. The
+    identity is safe: the caller holds the transform for the call (a node holds
+    it, a `ParamSpec` caches it); one with traced bounds is never shared."""
     if not _transforms.batchable(transform):
         return None
-    return transform if not jtu.tree_leaves(transform) else ("id", id(transform))
+    leaves = jtu.tree_leaves(transform)
+    if any(map(_errors.is_traced, leaves)):
+        return None
+    return ("id", id(transform)) if leaves else transform
 
 
 _UNSEEN = object()

@@ -8,15 +8,21 @@ import sys
 BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def test_gp_training_benchmark_variants_agree():
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run a benchmark script from benchmarks/; it must succeed."""
     result = subprocess.run(
-        [sys.executable, "gp_training.py", "--quick", "--steps", "3", "--rounds", "1"],
+        [sys.executable, script, *args],
         cwd=BENCHMARKS,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_gp_training_benchmark_variants_agree():
+    result = _run("gp_training.py", "--quick", "--steps", "3", "--rounds", "1")
     rows = [
         line for line in result.stdout.splitlines() if line.lstrip().startswith("200 ")
     ]
@@ -28,14 +34,7 @@ def test_gp_training_benchmark_variants_agree():
 
 
 def test_fit_overhead_benchmark_prints_every_row():
-    result = subprocess.run(
-        [sys.executable, "fit_overhead.py", "--quick"],
-        cwd=BENCHMARKS,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = _run("fit_overhead.py", "--quick")
     rows = [
         line
         for line in result.stdout.splitlines()

@@ -693,3 +693,37 @@ def test_bfloat16_parameters_are_summed_in_float32():
     np.testing.assert_allclose(float(got), expected, rtol=1e-2)
     traced = jax.jit(lambda m, o=overrides: ep.log_prior(m, o))(model)
     np.testing.assert_allclose(float(traced), expected, rtol=1e-2)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 0.0, -1e-30])
+def test_a_bad_value_among_many_is_named(bad):
+    values = [0.5 + i for i in range(8)]
+    values[5] = bad
+    model, overrides = _many_with(None, values, C.positive)
+    for op in (ep.unconstrain, ep.parameterize):
+        with pytest.raises(ValueError, match=r"`xs\[5\]`"):
+            op(model, overrides)
+
+
+def test_eager_fast_paths_from_eight_threads_equal_one_thread():
+    import concurrent.futures
+
+    def run(seed):
+        values = [0.1 + seed + 0.5 * i for i in range(40)]
+        model, overrides = _many_with(distrax.Gamma(2.0, 1.0), values, C.positive)
+        raw = ep.unconstrain(model, overrides)
+        params = ep.parameterize(model, overrides)
+        return (
+            [np.asarray(x) for x in raw.xs],
+            [np.asarray(x) for x in ep.constrain(raw, overrides).xs],
+            [np.asarray(x) for x in ep.resolve(params).xs],
+            float(ep.log_prior(model, overrides)),
+        )
+
+    sequential = [run(seed) for seed in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        threaded = list(pool.map(run, range(16)))
+    for one, other in zip(sequential, threaded):
+        for a, b in zip(one[:3], other[:3]):
+            np.testing.assert_array_equal(np.stack(a), np.stack(b))
+        assert one[3] == other[3]
