@@ -281,17 +281,45 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
     )
 
 
+# treedef -> (paths, field specs) of its leaves. Both are fixed by the structure
+# (a spec is its class's field metadata), so a model of a structure seen before is
+# flattened without key paths, ~1.2 µs a leaf less. Emptied when full.
+_STRUCTURES: dict = {}
+_STRUCTURES_SIZE = 256
+
+
+def _structure(model: Any) -> tuple[list, Any, list, list]:
+    """`(items, treedef, paths, specs)`: one flatten, parameter nodes as items."""
+    items, treedef = jtu.tree_flatten(model, is_leaf=_parameter.is_node)
+    try:
+        known = _STRUCTURES.get(treedef)
+    except Exception:  # noqa: BLE001 - static data that cannot be hashed/compared
+        known = treedef = None
+    if known is None:
+        pairs, treedef_ = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+        paths = [path for path, _ in pairs]
+        known = (paths, _metadata_specs(model, paths))
+        if treedef is not None:
+            if len(_STRUCTURES) >= _STRUCTURES_SIZE:
+                _STRUCTURES.clear()
+            _STRUCTURES[treedef] = known
+        treedef = treedef_
+    return items, treedef, *known
+
+
 def entries(model: Any, overrides: Any) -> tuple[list, Any]:
     """`(path, spec, item)` for every leaf or parameter node of `model` (one
     flatten, nodes as single items), and the treedef."""
-    items, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
-    specs = _metadata_specs(model, [path for path, _ in items])
-    for prefix, spec in _override_specs(model, overrides):
-        n = len(prefix)
-        for i, (path, _) in enumerate(items):
-            if tuple(path[:n]) == prefix:
-                specs[i] = spec.merged(specs[i])
-    return [(path, spec, item) for (path, item), spec in zip(items, specs)], treedef
+    items, treedef, paths, specs = _structure(model)
+    found = _override_specs(model, overrides)
+    if found:
+        specs = list(specs)  # the cached list is shared
+        for prefix, spec in found:
+            n = len(prefix)
+            for i, path in enumerate(paths):
+                if tuple(path[:n]) == prefix:
+                    specs[i] = spec.merged(specs[i])
+    return list(zip(paths, specs, items)), treedef
 
 
 def _map(

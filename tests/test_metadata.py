@@ -727,3 +727,32 @@ def test_eager_fast_paths_from_eight_threads_equal_one_thread():
         for a, b in zip(one[:3], other[:3]):
             np.testing.assert_array_equal(np.stack(a), np.stack(b))
         assert one[3] == other[3]
+
+
+def test_models_of_one_layout_keep_their_own_metadata():
+    """Specs are looked up per structure: classes with the same layout but other
+    metadata, and a static field that cannot be hashed, each get their own."""
+
+    class A(eqx.Module):
+        x: jax.Array = ep.field(constraint=C.positive)
+
+    class B(eqx.Module):
+        x: jax.Array = ep.field(constraint=C.interval(0.0, 2.0))
+
+    class S(eqx.Module):
+        x: jax.Array = ep.field(constraint=C.positive)
+        tag: np.ndarray = eqx.field(static=True)
+
+    v = jnp.array(0.5)
+    for _ in range(2):  # the second round reads what the first one stored
+        _close(ep.unconstrain(A(v)).x, _inv_softplus(v))
+        _close(ep.unconstrain(B(v)).x, _logit(v / 2.0))
+        with pytest.warns(UserWarning, match="static"):  # Equinox's warning
+            s, t = S(v, np.arange(3.0)), S(v, np.arange(3.0))
+        with pytest.raises(ValueError):  # their treedefs cannot be compared
+            _ = jtu.tree_structure(s) == jtu.tree_structure(t)
+        _close(ep.unconstrain(t).x, _inv_softplus(v))
+        _close(ep.unconstrain(s).x, _inv_softplus(v))
+        over = {lambda m: m.x: ep.ParamSpec(constraint=C.interval(0.0, 1.0))}
+        _close(ep.unconstrain(A(v), over).x, _logit(v))
+        _close(ep.unconstrain(A(v)).x, _inv_softplus(v))  # overrides not kept
