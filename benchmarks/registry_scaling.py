@@ -69,7 +69,7 @@ def operations(L: int) -> dict[str, tuple]:
             lambda: {i: jax.nn.softplus(u) for i, u in hand_raw.items()},
             lambda: paramax.unwrap(wrapped),
         ),
-        # The baselines of these four filter the same tree by hand: `raw` (plain
+        # The baselines of these six filter the same tree by hand: `raw` (plain
         # arrays) or `params` (one `ep.Bijector` node per leaf).
         "trainable (raw model)": (
             lambda: ep.trainable(raw),
@@ -79,12 +79,20 @@ def operations(L: int) -> dict[str, tuple]:
             lambda: eqx.partition(raw, ep.trainable(raw)),
             lambda: eqx.partition(raw, eqx.is_inexact_array),
         ),
+        "ep.partition (raw model)": (
+            lambda: ep.partition(raw),
+            lambda: eqx.partition(raw, eqx.is_inexact_array),
+        ),
         "trainable (nodes)": (
             lambda: ep.trainable(params),
             lambda: jax.tree_util.tree_map(eqx.is_inexact_array, params),
         ),
         "trainable + partition (nodes)": (
             lambda: eqx.partition(params, ep.trainable(params)),
+            lambda: eqx.partition(params, eqx.is_inexact_array),
+        ),
+        "ep.partition (nodes)": (
+            lambda: ep.partition(params),
             lambda: eqx.partition(params, eqx.is_inexact_array),
         ),
     }

@@ -304,7 +304,8 @@ def _structure(model: Any) -> tuple[list, Any, list, list]:
                 _STRUCTURES.clear()
             _STRUCTURES[treedef] = known
         treedef = treedef_
-    return items, treedef, *known
+    paths, specs = known
+    return items, treedef, paths, specs
 
 
 def entries(model: Any, overrides: Any) -> tuple[list, Any]:

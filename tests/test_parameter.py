@@ -566,6 +566,47 @@ def test_trainable_spec():
     assert jtu.tree_leaves(ep.trainable(fixed)) == [True, False]
 
 
+def _partition_cases():
+    """Trees for `ep.partition`: plain arrays of every kind, nodes inside nodes,
+    frozen values, wrappers, `None`s, NumPy arrays, Python numbers, empties."""
+    paramax = pytest.importorskip("paramax")
+    return {
+        "model": make_model(),
+        "plain": [jnp.ones(2), jnp.arange(3), jnp.array(True), np.ones(2), 1.5, None],
+        "complex and bfloat16": (jnp.ones(2, jnp.complex64), jnp.ones(2, jnp.bfloat16)),
+        "nested": ep.Bijector(jnp.ones(2), ScaleBy(ep.positive(2.0))),
+        "wrapper": {
+            "d": ep.FixedDistrax(distrax.Normal, jnp.zeros(2), ep.positive(1.0)),
+            "f": ep.frozen(ep.FixedDistrax(distrax.Normal, 0.0, 1.0)),
+        },
+        "paramax": [paramax.non_trainable(jnp.array(0.7)), jnp.ones(1)],
+        "empty": {},
+        "only nodes": [ep.positive(1.0), ep.bounded(0.5, 0.0, 1.0)],
+    }
+
+
+def test_partition_equals_eqx_partition_with_trainable():
+    for name, tree in _partition_cases().items():
+        ours = ep.partition(tree)
+        reference = eqx.partition(tree, ep.trainable(tree))
+        for a, b in zip(ours, reference):
+            assert jtu.tree_structure(a) == jtu.tree_structure(b), name
+            assert all(x is y for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b)))
+        assert eqx.tree_equal(eqx.combine(*ours), tree), name
+
+
+def test_partition_under_jit_and_vmap_equals_eager():
+    model = make_model()
+    eager = ep.partition(model)
+    traced = eqx.filter_jit(ep.partition)(model)
+    for a, b in zip(eager, traced):
+        assert eqx.tree_equal(a, b)
+    batched = eqx.filter_vmap(lambda x: ep.partition(ep.positive(x))[0].param)(
+        jnp.ones(3)
+    )
+    assert batched.shape == (3,)
+
+
 def train(model, filter_spec, steps=40):
     optim = optax.adamw(0.1, weight_decay=0.5)
     params, static = eqx.partition(model, filter_spec)
