@@ -538,6 +538,65 @@ def test_cached_validation_still_rejects_new_bad_shapes_and_bad_values():
         ep.FixedDistrax(tfd.Normal, jnp.zeros(()), -jnp.ones(()), validate_args=True)
 
 
+@pytest.mark.parametrize(
+    "value", [0.1, -0.0, 1e-40, 1e-50, 3.4028235e38, float("inf"), float("nan")]
+)
+@pytest.mark.parametrize("x64", [False, True])
+def test_python_floats_become_the_arrays_jnp_asarray_makes(value, x64):
+    # All floats of a build are converted together: bit for bit `jnp.asarray`.
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        d = ep.FixedDistrax(distrax.ScalarAffine, value, 2.0)
+        for got, given in [(d.shift, value), (d.scale, 2.0)]:
+            want = jnp.asarray(given, dtype)
+            assert (got.dtype, got.weak_type) == (dtype, False)
+            assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+        nested = ep.FixedDistrax(distrax.Chain, [ep.FixedDistrax(distrax.Tanh)] * 2)
+        assert jtu.tree_leaves(nested) == []  # no floats: nothing converted
+
+
+def test_numpyro_checks_the_values_the_arrays_hold():
+    # numpyro validates NumPy copies: of the float32 array a float becomes, so a
+    # scale that rounds to 0 is rejected (raw numpyro checks the float64 1e-50).
+    nd = pytest.importorskip("numpyro.distributions")
+    with pytest.raises(ValueError, match="numpyro.Normal rejected.*invalid scale"):
+        ep.FixedDistrax(nd.Normal, 0.0, 1e-50)
+    with pytest.raises(ValueError, match="invalid scale"):
+        ep.FixedDistrax(nd.Normal, jnp.zeros(2), jnp.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match="invalid scale"):  # NaN
+        ep.FixedDistrax(nd.Normal, 0.0, jnp.array(jnp.nan))
+    nested = ep.FixedDistrax(
+        nd.TransformedDistribution,
+        ep.FixedDistrax(nd.Normal, 0.0, 1.0),
+        ep.FixedDistrax(nd.transforms.AffineTransform, 1.0, 2.0),
+    )
+    raw = nd.TransformedDistribution(
+        nd.Normal(0.0, 1.0), nd.transforms.AffineTransform(1.0, 2.0)
+    )
+    _close(nested.log_prob(0.5), raw.log_prob(0.5))
+    d = ep.FixedDistrax(nd.Normal, 0.0, ep.positive(2.0))  # a node: resolved first
+    _close(ep.resolve(d).log_prob(0.5), nd.Normal(0.0, 2.0).log_prob(0.5))
+
+
+class _NeedsJaxArrays(nd.Normal):
+    """A numpyro class whose constructor refuses NumPy arrays."""
+
+    def __init__(self, loc, scale):
+        if isinstance(loc, np.ndarray):
+            raise TypeError("JAX arrays only")
+        super().__init__(loc, scale)
+
+
+_NeedsJaxArrays.__module__ = "numpyro.contrib.test"  # so the numpyro family owns it
+
+
+def test_a_class_that_refuses_numpy_copies_is_checked_with_the_arrays():
+    d = ep.FixedDistrax(_NeedsJaxArrays, jnp.zeros(()), jnp.ones(()))
+    _close(d.log_prob(0.5), nd.Normal(0.0, 1.0).log_prob(0.5))
+    with pytest.raises(ValueError, match="invalid scale"):
+        ep.FixedDistrax(_NeedsJaxArrays, jnp.zeros(()), -jnp.ones(()))
+
+
 def test_integer_arguments_are_validated_every_time():
     # TFP reads integer arguments (shapes, counts) as values when it builds.
     tfd, tfb = tfp.distributions, tfp.bijectors
