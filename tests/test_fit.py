@@ -189,6 +189,21 @@ def test_non_finite_loss_in_a_later_chunk_reports_the_global_step():
     np.testing.assert_allclose(error.losses[:-1], 1.05 - 0.1 * np.arange(11), rtol=1e-5)
 
 
+def test_one_infinite_loss_mid_chunk_with_finite_parameters_is_caught():
+    # sgd(0.05) on x**2 from 1 gives x_k = 0.9**k; the loss is +inf only while
+    # 0.45 < x < 0.55 (k = 6), its gradient 2x finite throughout, so the
+    # parameters after the chunk are finite and only that one loss shows it.
+    def loss(x):
+        return x**2 + jnp.where(jnp.abs(x - 0.5) < 0.05, jnp.inf, 0.0)
+
+    with pytest.raises(ep.NonFiniteLossError, match="not finite at step 6") as info:
+        ep.fit(
+            jnp.array(1.0), loss, optimiser=optax.sgd(0.05), steps=20, progress=False
+        )
+    assert info.value.losses.shape == (7,) and np.isinf(info.value.losses[-1])
+    np.testing.assert_allclose(info.value.losses[:-1], 0.81 ** np.arange(6), rtol=1e-5)
+
+
 def test_non_finite_loss_with_minibatches_replays_the_same_batches():
     # m climbs from 0 towards the data mean 5.5; the loss is nan once m > 3.
     def loss(m, batch):
