@@ -667,7 +667,7 @@ def partition(tree: PyTree) -> tuple[PyTree, PyTree]:
     """
     frozen, stops = _stops()
     spec = _spec(True, frozen)
-    chunks, treedef = jtu.tree_flatten(tree, is_leaf=lambda x: isinstance(x, stops))
+    chunks, treedef = jtu.tree_flatten(tree, is_leaf=_stop(stops))
     flags: list[bool] = []
     nodes = False
     for x in chunks:
@@ -719,11 +719,15 @@ def _spec(default: bool, frozen: tuple[type, ...]) -> Callable[[Any], Any]:
     return spec
 
 
+def _stop(stops: tuple[type, ...]) -> Callable[[Any], bool]:
+    """`is_leaf` for `stops` (arrays first: `isinstance` of a Module class goes
+    through `abc`)."""
+    return lambda x: type(x) is not _ARRAY and isinstance(x, stops)
+
+
 def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
     frozen, stops = _stops()
-    return jtu.tree_map(
-        _spec(default, frozen), tree, is_leaf=lambda x: isinstance(x, stops)
-    )
+    return jtu.tree_map(_spec(default, frozen), tree, is_leaf=_stop(stops))
 
 
 def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:
