@@ -182,7 +182,7 @@ def construction(rounds: int = 5) -> None:
         f"Construction, medians over {rounds} interleaved rounds (a build whose "
         "class, static arguments, shapes and dtypes were validated before is not "
         "validated again, except for numpyro and TFP with validate_args=True, which "
-        "check values, on NumPy copies)"
+        "check values; a nested wrapper checked when built is not checked again)"
     )
     header = ["family", "object", "raw µs", "wrapped µs", "ratio", "range"]
     print(table(header, rows))

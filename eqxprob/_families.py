@@ -260,6 +260,12 @@ class Family(abc.ABC):
     def check_built(self, obj: Any) -> None:  # noqa: B027 - a no-op by default
         """Force validation a class may do lazily."""
 
+    def unchecked(self, cls: type) -> dict[str, Any]:
+        """Keyword arguments that build `cls` without checking argument values,
+        for an object checked already: a nested wrapper, built again when its
+        parent is checked. None by default."""
+        return {}
+
     def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
         """Whether building `cls` may check argument *values*, not only shapes
         and dtypes. When not, one successful build validates every later one
@@ -357,6 +363,9 @@ class _TFP(Family):
     def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
         return bool(static.get("validate_args", False))  # TFP's assertions
 
+    def unchecked(self, cls: type) -> dict[str, Any]:
+        return _no_validation(self, cls)
+
     def prepare(self, cls: type, arguments: dict[str, Any]) -> dict[str, Any]:
         """Cast integer arrays given for continuous parameters to float.
 
@@ -410,6 +419,12 @@ def _continuous_parameters(cls: type) -> frozenset[str]:
     return frozenset(names)
 
 
+def _no_validation(family: Family, cls: type) -> dict[str, Any]:
+    """`validate_args=False`, for a class (TFP, numpyro) that takes it."""
+    parameters = family.signature(cls).parameters
+    return {"validate_args": False} if "validate_args" in parameters else {}
+
+
 # What distrax has and TFP lacks, written with TFP's own methods.
 _TFP_FALLBACKS: dict[str, Callable[..., Any]] = {
     "sample_and_log_prob": lambda d, *, seed, sample_shape=(): (
@@ -448,6 +463,9 @@ class _Numpyro(Family):
         return (
             self.is_distribution_class(cls) and static.get("validate_args") is not False
         )
+
+    def unchecked(self, cls: type) -> dict[str, Any]:
+        return _no_validation(self, cls)
 
     def abstract_reason(self, cls: type) -> str | None:
         nd = require_numpyro()

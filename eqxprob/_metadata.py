@@ -281,9 +281,11 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
     )
 
 
-# treedef -> (paths, field specs) of its leaves. Both are fixed by the structure
-# (a spec is its class's field metadata), so a model of a structure seen before is
-# flattened without key paths, ~1.2 µs a leaf less. Emptied when full.
+# treedef -> (paths, field specs) of its leaves. Specs are fixed by the structure
+# (a spec is its class's field metadata), and so are paths, but for dict keys that
+# compare equal across types (`1`, `1.0`, `True`): those paths are not kept. A
+# model of a structure seen before is then flattened without key paths, ~1.2 µs
+# a leaf less. Emptied when full.
 _STRUCTURES: dict = {}
 _STRUCTURES_SIZE = 256
 
@@ -294,18 +296,24 @@ def _structure(model: Any) -> tuple[list, Any, list, list]:
     try:
         known = _STRUCTURES.get(treedef)
     except Exception:  # noqa: BLE001 - static data that cannot be hashed/compared
-        known = treedef = None
-    if known is None:
-        pairs, treedef_ = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
-        paths = [path for path, _ in pairs]
-        known = (paths, _metadata_specs(model, paths))
-        if treedef is not None:
-            if len(_STRUCTURES) >= _STRUCTURES_SIZE:
-                _STRUCTURES.clear()
-            _STRUCTURES[treedef] = known
-        treedef = treedef_
-    paths, specs = known
-    return items, treedef, paths, specs
+        known, treedef = None, None
+    if known is not None and known[0] is not None:
+        return items, treedef, known[0], known[1]
+    pairs, treedef_ = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+    paths = [path for path, _ in pairs]
+    specs = known[1] if known is not None else _metadata_specs(model, paths)
+    if known is None and treedef is not None:
+        if len(_STRUCTURES) >= _STRUCTURES_SIZE:
+            _STRUCTURES.clear()
+        _STRUCTURES[treedef] = (paths if _exact(paths) else None, specs)
+    return items, treedef_, paths, specs
+
+
+def _exact(paths: list) -> bool:
+    """Whether equal treedefs give these paths: no dict key but strings."""
+    return all(
+        type(k) is not jtu.DictKey or type(k.key) is str for path in paths for k in path
+    )
 
 
 def entries(model: Any, overrides: Any) -> tuple[list, Any]:

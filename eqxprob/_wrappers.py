@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,6 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from tensorflow_probability.substrates import jax as tfp
 
 from . import _families
-from ._errors import is_traced
 from ._families import Family, family_of, float_key, fresh, fresh_tree
 
 
@@ -42,9 +42,13 @@ def _is_wrapper(x: Any) -> bool:
     return isinstance(x, FixedDistrax)
 
 
+_PLAIN_ARRAYS = frozenset({type(jnp.zeros(())), np.ndarray})  # concrete arrays
+
+
 def _is_dynamic(x: Any) -> bool:
     """Leaves of a wrapper: arrays (jax or numpy) and nested wrappers."""
-    return eqx.is_array(x) or _is_wrapper(x)
+    # (Wrappers before `eqx.is_array`, whose `isinstance` of a Module is slow.)
+    return type(x) in _PLAIN_ARRAYS or _is_wrapper(x) or eqx.is_array(x)
 
 
 def _is_raw(x: Any) -> bool:
@@ -104,49 +108,66 @@ class _Const:
 jtu.register_pytree_node(_Const, lambda c: ((), c), lambda c, _: c)
 
 
+_INEXACT: dict[Any, bool] = {}  # dtype -> whether it is a float or complex dtype
+
+# id -> (weak reference, plain) of each wrapper checked by its `__init__`; plain:
+# it holds no `ep.Bijector`/`ep.Frozen` to resolve. Kept outside the instance,
+# whose `__dict__` Equinox flattens into the treedef. A wrapper rebuilt from leaves
+# (`tree_at`, `jax.jit` arguments, deserialising) is not in it.
+_CHECKED_BUILDS: dict[int, tuple[weakref.ref, bool]] = {}
+
+
+def _mark_checked(wrapper: FixedDistrax, plain: bool) -> None:
+    i = id(wrapper)
+
+    def forget(ref: weakref.ref, i: int = i) -> None:
+        if _CHECKED_BUILDS.get(i, (None,))[0] is ref:
+            del _CHECKED_BUILDS[i]
+
+    _CHECKED_BUILDS[i] = (weakref.ref(wrapper, forget), plain)
+
+
+def _checked_build(wrapper: FixedDistrax) -> bool | None:
+    """`None` if `wrapper` was not checked by its `__init__`, else whether plain."""
+    hit = _CHECKED_BUILDS.get(id(wrapper))
+    return hit[1] if hit is not None and hit[0]() is wrapper else None
+
+
 # Keys of builds that passed validation (see `_validation_key`).
 _VALIDATED: set = set()
 _VALIDATED_SIZE = 4096
 
 
-def _validation_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
+def _validation_key(
+    family: Family, cls: type, static: _Static, dynamic: dict[str, Any]
+) -> Any:
     """What a build's validity depends on, for a family that checks shapes and
     dtypes only: the class, the static arguments, and the structure, shapes and
-    dtypes of the dynamic ones. `None` (validate every time) if an argument is an
-    integer or bool array (shapes, counts and paddings are read as values, e.g. by
-    `tfd.Sample` or `tfb.Reshape`), or if the key cannot be hashed."""
-    leaves, treedef = jtu.tree_flatten(dynamic)
-    if any(eqx.is_array(x) and not eqx.is_inexact_array(x) for x in leaves):
+    dtypes of the dynamic ones. `None` (validate every time) if the family may
+    check values, if an argument is an integer or bool array (shapes, counts and
+    paddings are read as values, e.g. by `tfd.Sample` or `tfb.Reshape`), or if
+    the key cannot be hashed."""
+    if family.checks_values(cls, dict(static.static)):
         return None
-    shapes = tuple((x.shape, x.dtype) if eqx.is_array(x) else x for x in leaves)
-    key = (cls, static, treedef, shapes)
+    leaves, treedef = jtu.tree_flatten(dynamic)
+    shapes = []
+    for x in leaves:
+        if eqx.is_array(x):
+            dtype = x.dtype
+            inexact = _INEXACT.get(dtype)
+            if inexact is None:
+                inexact = _INEXACT[dtype] = bool(jnp.issubdtype(dtype, jnp.inexact))
+            if not inexact:
+                return None
+            shapes.append((x.shape, dtype))
+        else:
+            shapes.append(x)
+    key = (cls, static, treedef, tuple(shapes))
     try:
         hash(key)
     except TypeError:
         return None
     return key
-
-
-def _check_built(
-    family: Family, wrapper: FixedDistrax, checks_values: bool, host: dict[int, Any]
-) -> None:
-    """Build `wrapper` once, which validates it. A family that checks values
-    checks NumPy copies of concrete arrays first (`host`: those made from Python
-    floats, by `id` of their array), so its checks run in NumPy, as for Python
-    numbers, rather than as eager JAX ops; should that build fail, the real
-    arrays decide (and give the error)."""
-    if checks_values:
-
-        def convert(x: Any) -> Any:
-            copy = host.get(id(x))
-            return _host(x) if copy is None else copy
-
-        try:
-            family.check_built(_instantiate(wrapper, convert))
-            return
-        except Exception:  # noqa: BLE001 - the build below raises what is wrong
-            pass
-    family.check_built(_instantiate(wrapper, None))
 
 
 class _Static:
@@ -216,6 +237,37 @@ def _check_class(cls: Any) -> Family:
     return family
 
 
+# (class, number of positional arguments, keyword names) -> where each bound
+# argument comes from (an index into the positional ones, or a keyword), in the
+# signature's order: for classes without `*args`/`**kwargs`.
+_BINDINGS: dict[tuple, tuple[tuple[str, Any], ...]] = {}
+
+
+def _bind(family: Family, cls: type, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """`signature.bind(*args, **kwargs).arguments`, with the same errors; a call
+    shape seen before is bound from the cache (~1 µs rather than ~6)."""
+    key = (cls, len(args), tuple(kwargs))
+    sources = _BINDINGS.get(key)
+    if sources is not None:
+        return {n: args[i] if type(i) is int else kwargs[i] for n, i in sources}
+    signature = family.signature(cls)
+    _check_keywords(family, cls, signature, kwargs)
+    try:
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+    except TypeError as e:
+        raise TypeError(f"FixedDistrax({cls.__name__}): {e}") from None
+    parameters = signature.parameters
+    if all(p.kind in _NAMED for p in parameters.values()):
+        positional = list(parameters)[: len(args)]
+        _BINDINGS[key] = tuple(
+            (n, positional.index(n) if n in positional else n) for n in arguments
+        )
+    return arguments
+
+
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
 def _check_keywords(
     family: Family, cls: type, signature: inspect.Signature, kwargs: Mapping
 ) -> None:
@@ -246,7 +298,6 @@ def _resolved(wrapper: FixedDistrax) -> FixedDistrax:
 
 
 _PLAIN = frozenset({float, int, bool, str, type(None)})
-_PLAIN_ARRAYS = frozenset({type(jnp.zeros(())), np.ndarray})
 
 
 def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
@@ -277,28 +328,23 @@ def _default_float() -> Any:
     return jax.dtypes.canonicalize_dtype(np.float64)  # float32 unless x64 is on
 
 
-def _floats_to_arrays(
-    arguments: dict[str, Any], keep: frozenset
-) -> tuple[dict[str, Any], dict[int, Any]]:
+def _floats_to_arrays(arguments: dict[str, Any], keep: frozenset) -> dict[str, Any]:
     """Python floats (outside the arguments `keep`) become arrays of the default
     float dtype, not weakly typed: all of them in one compiled call, ~4 µs for
-    one and ~1.5 µs for each more, where `jnp.asarray` takes ~18 µs for each.
-    Also returns NumPy copies of these arrays, by `id` (see `_check_built`)."""
+    one and ~1.5 µs for each more, where `jnp.asarray` takes ~18 µs for each."""
     names = [n for n, v in arguments.items() if n not in keep and not _is_dynamic(v)]
     if not names:
-        return arguments, {}
+        return arguments
     leaves, treedef = jtu.tree_flatten(
         [arguments[n] for n in names], is_leaf=_is_dynamic
     )
     where = [i for i, x in enumerate(leaves) if type(x) is float]
     if not where:
-        return arguments, {}
-    dtype = _default_float()
-    host = {}
-    for i, array in zip(where, _as_arrays(dtype, *(leaves[i] for i in where))):
-        host[id(array)] = np.asarray(leaves[i], dtype)
+        return arguments
+    arrays = _as_arrays(_default_float(), *(leaves[i] for i in where))
+    for i, array in zip(where, arrays):
         leaves[i] = array
-    return arguments | dict(zip(names, jtu.tree_unflatten(treedef, leaves))), host
+    return arguments | dict(zip(names, jtu.tree_unflatten(treedef, leaves)))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -473,17 +519,11 @@ class FixedDistrax(eqx.Module):
 
     def __init__(self, cls: type, *args: Any, **kwargs: Any):
         family = _check_class(cls)
-        signature = family.signature(cls)
-        _check_keywords(family, cls, signature, kwargs)
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"FixedDistrax({cls.__name__}): {e}") from None
-        arguments = dict(bound.arguments)
+        arguments = _bind(family, cls, args, kwargs)
         for name, value in arguments.items():
             if not _is_dynamic(value):  # arrays and wrappers need no check
                 _check_argument(family, cls, name, value)
-        arguments, host = _floats_to_arrays(arguments, family.static_floats(cls))
+        arguments = _floats_to_arrays(arguments, family.static_floats(cls))
         arguments = family.prepare(cls, arguments)
         dynamic = {
             n: v if _is_dynamic(v) else _hide_static(v)
@@ -508,15 +548,19 @@ class FixedDistrax(eqx.Module):
         object.__setattr__(self, "_static", static)
         for name, value in dynamic.items():
             object.__setattr__(self, name, value)
-        checks_values = family.checks_values(cls, dict(static.static))
-        key = None if checks_values else _validation_key(cls, static, dynamic)
+        # Plain: no `ep.Bijector` inside to resolve (as known of nested wrappers
+        # checked when built, see `_CHECKED_BUILDS`).
+        plain = all(
+            type(v) in _PLAIN_ARRAYS or (_is_wrapper(v) and _checked_build(v))
+            for v in dynamic.values()
+        )
+        key = _validation_key(family, cls, static, dynamic)
         if key is not None and key in _VALIDATED:
+            _mark_checked(self, plain)
             return
-        plain = all(type(v) in _PLAIN_ARRAYS for v in dynamic.values())
-        try:  # (plain arrays hold no `ep.Bijector` to resolve)
-            _check_built(
-                family, self if plain else _resolved(self), checks_values, host
-            )
+        try:
+            target = self if plain else _resolved(self)
+            family.check_built(_build(target, False, nested=True))
         except Exception as e:
             message = (
                 f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "
@@ -534,6 +578,7 @@ class FixedDistrax(eqx.Module):
             if len(_VALIDATED) >= _VALIDATED_SIZE:  # simply emptied when full
                 _VALIDATED.clear()
             _VALIDATED.add(key)
+        _mark_checked(self, plain)
 
     # --- structure without construction -----------------------------------
 
@@ -859,49 +904,42 @@ def _caches(wrapper: FixedDistrax) -> bool:
     return False
 
 
-def _build(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
-    """Instantiate `wrapper`; with `fresh_arrays`, every array is a fresh reference."""
-    return _instantiate(wrapper, fresh if fresh_arrays else None)
-
-
-def _host(x: Any) -> Any:
-    """A concrete JAX array as a NumPy array (on the CPU, the same buffer)."""
-    if isinstance(x, jax.Array) and not is_traced(x):
-        return np.asarray(x)
-    return x
-
-
-def _instantiate(wrapper: FixedDistrax, convert: Any) -> Any:
-    """Instantiate `wrapper`, passing every array through `convert` if given."""
-    static = wrapper._static
-    cls = wrapper.cls
-    d = wrapper.__dict__
+def _build(wrapper: FixedDistrax, fresh_arrays: bool, nested: bool = False) -> Any:
+    """Instantiate `wrapper`; with `fresh_arrays`, every array is a fresh reference.
+    With `nested`, the nested wrappers that were checked when built (not those
+    rebuilt from leaves, by `tree_at` or a transformation) are built without
+    their library's value checks: to check `wrapper` itself once."""
+    d = object.__getattribute__(wrapper, "__dict__")  # (Module attributes are slow)
+    static, cls = d["_static"], d["cls"]
     values = dict(static.static)
+    checked = nested and _checked_build(wrapper) is not None
+    extra = _family(cls).unchecked(cls) if checked else {}
     for name in static.dynamic:
         value = d[name]
         if isinstance(value, FixedDistrax):
-            value = _instantiate(value, convert)
+            value = _build(value, fresh_arrays, nested)
         elif isinstance(value, jax.Array):
-            if convert is not None:
-                value = convert(value)
+            if fresh_arrays:
+                value = fresh(value)
         elif not isinstance(value, np.ndarray):
             value = jtu.tree_map(
                 lambda x: (
-                    _instantiate(x, convert)
+                    _build(x, fresh_arrays, nested)
                     if isinstance(x, FixedDistrax)
                     else x.value
                     if isinstance(x, _Const)
-                    else convert(x)
-                    if convert is not None
+                    else fresh(x)
+                    if fresh_arrays
                     else x
                 ),
                 value,
                 is_leaf=_is_const_or_wrapper,
             )
         values[name] = value
+    values |= extra
     if _keyword_only_call(cls):
         return cls(**values)
-    ordered = {name: values[name] for name in static.names}
+    ordered = {name: values[name] for name in static.names} | extra
     bound = inspect.BoundArguments(_family(cls).signature(cls), ordered)
     return cls(*bound.args, **bound.kwargs)
 

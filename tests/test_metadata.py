@@ -756,3 +756,18 @@ def test_models_of_one_layout_keep_their_own_metadata():
         over = {lambda m: m.x: ep.ParamSpec(constraint=C.interval(0.0, 1.0))}
         _close(ep.unconstrain(A(v), over).x, _logit(v))
         _close(ep.unconstrain(A(v)).x, _inv_softplus(v))  # overrides not kept
+
+
+class _Dict(eqx.Module):
+    d: dict = ep.field(constraint=C.positive)
+
+
+def test_a_structure_seen_before_is_labelled_with_this_models_dict_keys():
+    # {True: x}, {1: x} and {1.0: x} have equal treedefs (True == 1 == 1.0): the
+    # label must name the key of the model at hand (found by the red team).
+    ep.unconstrain(_Dict({True: jnp.array(1.0)}))
+    with pytest.raises(ValueError, match=r"d\[1\.0\]"):
+        ep.unconstrain(_Dict({1.0: jnp.array(-1.0)}))
+    ep.summary(_Dict({np.int64(3): jnp.array(1.0)}))
+    table = str(ep.summary(_Dict({3: jnp.array(1.0)})))
+    assert "d[3]" in table and "int64" not in table, table

@@ -556,9 +556,8 @@ def test_python_floats_become_the_arrays_jnp_asarray_makes(value, x64):
 
 
 def test_numpyro_checks_the_values_the_arrays_hold():
-    # numpyro validates NumPy copies: of the float32 array a float becomes, so a
+    # numpyro checks the stored arrays: the float32 array a float becomes, so a
     # scale that rounds to 0 is rejected (raw numpyro checks the float64 1e-50).
-    nd = pytest.importorskip("numpyro.distributions")
     with pytest.raises(ValueError, match="numpyro.Normal rejected.*invalid scale"):
         ep.FixedDistrax(nd.Normal, 0.0, 1e-50)
     with pytest.raises(ValueError, match="invalid scale"):
@@ -578,23 +577,102 @@ def test_numpyro_checks_the_values_the_arrays_hold():
     _close(ep.resolve(d).log_prob(0.5), nd.Normal(0.0, 2.0).log_prob(0.5))
 
 
-class _NeedsJaxArrays(nd.Normal):
-    """A numpyro class whose constructor refuses NumPy arrays."""
-
-    def __init__(self, loc, scale):
-        if isinstance(loc, np.ndarray):
-            raise TypeError("JAX arrays only")
-        super().__init__(loc, scale)
-
-
-_NeedsJaxArrays.__module__ = "numpyro.contrib.test"  # so the numpyro family owns it
+def _rejects(build):
+    try:
+        build()
+    except ValueError:
+        return True
+    return False
 
 
-def test_a_class_that_refuses_numpy_copies_is_checked_with_the_arrays():
-    d = ep.FixedDistrax(_NeedsJaxArrays, jnp.zeros(()), jnp.ones(()))
-    _close(d.log_prob(0.5), nd.Normal(0.0, 1.0).log_prob(0.5))
+SUBNORMAL = {jnp.float32: 1e-40, jnp.float64: 1e-310, jnp.bfloat16: 1e-39}
+
+
+@pytest.mark.parametrize(
+    "cls, args",
+    [
+        (nd.Normal, lambda s: (jnp.zeros((), s.dtype), s)),
+        (nd.Exponential, lambda s: (s,)),
+        (nd.LogNormal, lambda s: (jnp.zeros((), s.dtype), s)),
+        (nd.Dirichlet, lambda s: (jnp.stack([jnp.ones((), s.dtype), s]),)),
+        (
+            nd.MultivariateNormal,
+            lambda s: (
+                jnp.zeros(2, s.dtype),
+                None,
+                None,
+                jnp.array([[1.0, 0.0], [0.5, s]], s.dtype),
+            ),
+        ),
+    ],
+    ids=["Normal", "Exponential", "LogNormal", "Dirichlet", "MVN scale_tril"],
+)
+@pytest.mark.parametrize("dtype", list(SUBNORMAL), ids=lambda d: d.__name__)
+def test_numpyro_subnormal_arguments_are_judged_as_the_raw_build_judges(
+    cls, args, dtype
+):
+    # XLA on the CPU reads subnormals as 0 (NumPy does not): the wrapper must
+    # accept exactly what numpyro accepts from the same JAX arrays (found by the
+    # red team when a NumPy copy was checked instead).
+    with jax.enable_x64(dtype is jnp.float64):
+        a = args(jnp.asarray(SUBNORMAL[dtype], dtype))
+        if _rejects(lambda: cls(*a)):
+            with pytest.raises(ValueError, match="rejected"):
+                ep.FixedDistrax(cls, *a)
+        else:
+            ep.FixedDistrax(cls, *a)  # accepted by both
+
+
+def test_numpyro_simplex_is_checked_with_the_arrays_own_sum():
+    """float32 probabilities whose NumPy (pairwise) sum is within numpyro's
+    simplex tolerance and whose XLA sum is not: rejected, as raw numpyro does."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        p = rng.random(int(rng.integers(20, 3000))).astype(np.float32)
+        p /= p.sum()
+        for k in range(-30, 30):
+            q = (p * np.float32(1 + k * 1.2e-7)).astype(np.float32)
+            s_np, s_jax = q.sum(), jnp.sum(jnp.asarray(q))
+            if abs(s_np - 1) < 1e-6 and not bool(jnp.abs(s_jax - 1) < 1e-6):
+                probs = jnp.asarray(q)
+                assert _rejects(lambda probs=probs: nd.CategoricalProbs(probs))
+                with pytest.raises(ValueError, match="rejected"):
+                    ep.FixedDistrax(nd.CategoricalProbs, probs)
+                return
+    raise AssertionError("no vector that sums differently was found")
+
+
+def test_a_nested_wrapper_rebuilt_from_leaves_is_checked_again():
+    # A nested wrapper checked when built is not value-checked again inside its
+    # parent's check; one rebuilt by `tree_at` (never checked) is.
+    affine = ep.FixedDistrax(nd.transforms.AffineTransform, 1.0, 2.0)
+    normal = ep.FixedDistrax(nd.Normal, 0.0, 1.0)
+    bad = eqx.tree_at(lambda d: d.scale, normal, jnp.array(-1.0))
     with pytest.raises(ValueError, match="invalid scale"):
-        ep.FixedDistrax(_NeedsJaxArrays, jnp.zeros(()), -jnp.ones(()))
+        ep.FixedDistrax(nd.TransformedDistribution, bad, affine)
+    with pytest.raises(ValueError, match="invalid scale"):
+        ep.FixedDistrax(nd.Independent, bad, 0)
+    # (What marks a checked build is kept off the instance: same treedef.)
+    assert jtu.tree_structure(bad) == jtu.tree_structure(normal)
+    good = ep.FixedDistrax(nd.TransformedDistribution, normal, affine)
+    raw = nd.TransformedDistribution(
+        nd.Normal(0.0, 1.0), nd.transforms.AffineTransform(1.0, 2.0)
+    )
+    _close(good.log_prob(0.5), raw.log_prob(0.5))
+    assert good.instantiate().base_dist._validate_args  # calls keep validation
+
+
+def test_calls_of_one_shape_bind_their_own_values():
+    # Bindings are cached per (class, number of positional arguments, keywords).
+    x, y = jnp.array(0.5), jnp.array(2.0)
+    for _ in range(2):
+        a = ep.FixedDistrax(distrax.Normal, x, scale=y)
+        b = ep.FixedDistrax(distrax.Normal, scale=x, loc=y)
+        assert (a.loc, a.scale, b.loc, b.scale) == (x, y, y, x)
+        with pytest.raises(TypeError, match="multiple values"):
+            ep.FixedDistrax(distrax.Normal, x, loc=y)
+        with pytest.raises(TypeError, match="missing"):
+            ep.FixedDistrax(distrax.Normal, x)
 
 
 def test_integer_arguments_are_validated_every_time():
