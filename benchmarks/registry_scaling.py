@@ -4,7 +4,8 @@ A model whose one `ep.field(constraint=positive, prior=Gamma)` annotates a list 
 scalar parameters (L = 10, 100, 1000, 5000). For each operation, the median time
 over interleaved rounds (order rotated each round) as a ratio to a hand-written
 per-leaf loop on a dict of the same arrays, measured in the same run, with the
-range over rounds. Asserts nothing.
+range over rounds; each call with the garbage collector off, as in `timeit`.
+Asserts nothing.
 
 Run: `OPENBLAS_NUM_THREADS=1 python benchmarks/registry_scaling.py [--rounds 5]`
 """
@@ -12,6 +13,7 @@ Run: `OPENBLAS_NUM_THREADS=1 python benchmarks/registry_scaling.py [--rounds 5]`
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import distrax
@@ -99,9 +101,17 @@ def operations(L: int) -> dict[str, tuple]:
 
 
 def _seconds(fn) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(jax.tree_util.tree_leaves(fn()))
-    return time.perf_counter() - start
+    """One call, with the garbage collector off as `timeit` has it: with
+    thousands of nodes alive, a collection landing in one side's call would
+    decide the ratio (seen: 0.2-2.7 for the same call)."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        jax.block_until_ready(jax.tree_util.tree_leaves(fn()))
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
 
 
 def main(rounds: int = 5, sizes=(10, 100, 1000, 5000)) -> None:

@@ -238,8 +238,7 @@ class _Plan:
     initialises the state itself unless that is zeros already (`zero_init`): one
     program, and one dispatch per chunk. It returns the new leaves and
     `capacity + 1` floats: NaN, then the `length` losses in the slots just before
-    the last, then 0 if every trained parameter and every loss of the chunk is
-    finite and NaN if not.
+    the last, then 0 if every trained parameter is finite and NaN if not.
     """
 
     def __init__(self, problem, leaves, treedef, data, key, capacity):
@@ -340,8 +339,8 @@ class _Plan:
     ) -> tuple:
         """`length` steps from global step `start`. The loop body is one
         hand-written step plus the loss's write into the buffer; finiteness is
-        read on the host from one flag (losses and parameters), and `fit`
-        replays a chunk that was not finite to find the step that broke."""
+        read on the host from the losses and one flag, and `fit` replays a chunk
+        that was not finite to find the step that broke."""
         # (A plain `GradientTransformation`, e.g. one of the user's own, takes no
         # `value=`/`grad=`/`value_fn=`: optax's wrapper drops them.)
         optimiser = optax.with_extra_args_support(self.problem.optimiser.value)
@@ -387,12 +386,9 @@ class _Plan:
         _, params, state, losses = jax.lax.while_loop(
             lambda carry: carry[0] > 0, body, (length, params, state, losses)
         )
-        # The flag: NaN if a parameter or one of this chunk's losses is not
-        # finite, so that the host reads one number rather than the losses.
-        slot = jnp.arange(capacity + 1, dtype=length.dtype)
-        written = (slot >= capacity - length) & (slot < capacity)
-        finite = _all_finite(params) & jnp.all(jnp.isfinite(losses) | ~written)
-        flag = jnp.where(finite, 0.0, jnp.nan).astype(self.dtype)
+        # (The losses' finiteness is read on the host: a reduction over the buffer
+        # here, after the loop, made a 30,000-step fit ~5% slower on XLA:CPU.)
+        flag = jnp.where(_all_finite(params), 0.0, jnp.nan).astype(self.dtype)
         out = losses.at[capacity].set(flag)
         return jtu.tree_leaves(params), jtu.tree_leaves(state), out
 
@@ -669,7 +665,7 @@ def fit(
             new_train, new_opt, out = plan.run(train, opt, fixed, *counters)
             out = np.asarray(out)
             chunk = out[capacity - length : capacity]
-            if not np.isfinite(out[capacity]):  # the flag (losses, parameters)
+            if not np.isfinite(out[capacity - length :]).all():  # and the flag
                 _raise_non_finite(
                     plan,
                     train,
