@@ -266,6 +266,10 @@ class Family(abc.ABC):
         parent is checked. None by default."""
         return {}
 
+    def validated(self, obj: Any) -> bool:
+        """Whether building `obj` checked its arguments' values."""
+        return False
+
     def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
         """Whether building `cls` may check argument *values*, not only shapes
         and dtypes. When not, one successful build validates every later one
@@ -365,6 +369,9 @@ class _TFP(Family):
 
     def unchecked(self, cls: type) -> dict[str, Any]:
         return _no_validation(self, cls)
+
+    def validated(self, obj: Any) -> bool:
+        return bool(getattr(obj, "validate_args", False))
 
     def prepare(self, cls: type, arguments: dict[str, Any]) -> dict[str, Any]:
         """Cast integer arrays given for continuous parameters to float.
@@ -466,6 +473,11 @@ class _Numpyro(Family):
 
     def unchecked(self, cls: type) -> dict[str, Any]:
         return _no_validation(self, cls)
+
+    def validated(self, obj: Any) -> bool:
+        # A distribution's `_validate_args`: its `validate_args` argument, or
+        # numpyro's global default (`numpyro.enable_validation`) when not given.
+        return self.is_distribution_class(type(obj)) and bool(obj._validate_args)
 
     def abstract_reason(self, cls: type) -> str | None:
         nd = require_numpyro()

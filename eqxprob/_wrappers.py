@@ -108,29 +108,61 @@ class _Const:
 jtu.register_pytree_node(_Const, lambda c: ((), c), lambda c, _: c)
 
 
+def _checks_anywhere(tree: Any) -> bool:
+    """Whether a wrapper in `tree`, at any depth, checks values when built (as
+    recorded for builds by `__init__`, else found)."""
+    for x in jtu.tree_leaves(tree, is_leaf=_is_wrapper):
+        if not _is_wrapper(x):
+            continue
+        hit = _checked_build(x)
+        if hit is not None:
+            if hit[2]:
+                return True
+            continue
+        d = object.__getattribute__(x, "__dict__")
+        cls, static = d["cls"], d["_static"]
+        if _family(cls).checks_values(cls, dict(static.static)) or _checks_anywhere(
+            [d[n] for n in static.dynamic]
+        ):
+            return True
+    return False
+
+
 _INEXACT: dict[Any, bool] = {}  # dtype -> whether it is a float or complex dtype
 
-# id -> (weak reference, plain) of each wrapper checked by its `__init__`; plain:
-# it holds no `ep.Bijector`/`ep.Frozen` to resolve. Kept outside the instance,
-# whose `__dict__` Equinox flattens into the treedef. A wrapper rebuilt from leaves
-# (`tree_at`, `jax.jit` arguments, deserialising) is not in it.
-_CHECKED_BUILDS: dict[int, tuple[weakref.ref, bool]] = {}
+# id -> (weak reference, plain, values checked, checks) of each wrapper built by
+# its `__init__`. Plain: it holds no `ep.Bijector`/`ep.Frozen` to resolve. Values
+# checked: its library checked its values (numpyro's validation on, TFP's
+# `validate_args`), and they cannot change (no NumPy array). Checks: it or a
+# wrapper inside it checks values when built, so it is built at every parent's
+# check (never by the shapes-and-dtypes cache). Kept outside the
+# instance, whose `__dict__` Equinox flattens into the treedef. A wrapper rebuilt
+# from leaves (`tree_at`, `jax.jit` arguments, deserialising) is not in it.
+_CHECKED_BUILDS: dict[int, tuple[weakref.ref, bool, bool, bool]] = {}
 
 
-def _mark_checked(wrapper: FixedDistrax, plain: bool) -> None:
+def _mark_checked(
+    wrapper: FixedDistrax, plain: bool, values: bool, checks: bool
+) -> None:
     i = id(wrapper)
 
     def forget(ref: weakref.ref, i: int = i) -> None:
         if _CHECKED_BUILDS.get(i, (None,))[0] is ref:
             del _CHECKED_BUILDS[i]
 
-    _CHECKED_BUILDS[i] = (weakref.ref(wrapper, forget), plain)
+    _CHECKED_BUILDS[i] = (weakref.ref(wrapper, forget), plain, values, checks)
 
 
-def _checked_build(wrapper: FixedDistrax) -> bool | None:
-    """`None` if `wrapper` was not checked by its `__init__`, else whether plain."""
+def _plain_build(wrapper: FixedDistrax) -> bool:
+    hit = _checked_build(wrapper)
+    return hit is not None and hit[0]
+
+
+def _checked_build(wrapper: FixedDistrax) -> tuple[bool, bool, bool] | None:
+    """`None` if `wrapper` was not built by its `__init__`, else `(plain, values
+    checked, checks)`."""
     hit = _CHECKED_BUILDS.get(id(wrapper))
-    return hit[1] if hit is not None and hit[0]() is wrapper else None
+    return hit[1:] if hit is not None and hit[0]() is wrapper else None
 
 
 # Keys of builds that passed validation (see `_validation_key`).
@@ -138,17 +170,12 @@ _VALIDATED: set = set()
 _VALIDATED_SIZE = 4096
 
 
-def _validation_key(
-    family: Family, cls: type, static: _Static, dynamic: dict[str, Any]
-) -> Any:
-    """What a build's validity depends on, for a family that checks shapes and
+def _validation_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
+    """What a build's validity depends on, for a build that checks shapes and
     dtypes only: the class, the static arguments, and the structure, shapes and
-    dtypes of the dynamic ones. `None` (validate every time) if the family may
-    check values, if an argument is an integer or bool array (shapes, counts and
-    paddings are read as values, e.g. by `tfd.Sample` or `tfb.Reshape`), or if
-    the key cannot be hashed."""
-    if family.checks_values(cls, dict(static.static)):
-        return None
+    dtypes of the dynamic ones. `None` (validate every time) if an argument is an
+    integer or bool array (shapes, counts and paddings are read as values, e.g. by
+    `tfd.Sample` or `tfb.Reshape`), or if the key cannot be hashed."""
     leaves, treedef = jtu.tree_flatten(dynamic)
     shapes = []
     for x in leaves:
@@ -551,16 +578,23 @@ class FixedDistrax(eqx.Module):
         # Plain: no `ep.Bijector` inside to resolve (as known of nested wrappers
         # checked when built, see `_CHECKED_BUILDS`).
         plain = all(
-            type(v) in _PLAIN_ARRAYS or (_is_wrapper(v) and _checked_build(v))
+            type(v) in _PLAIN_ARRAYS or (_is_wrapper(v) and _plain_build(v))
             for v in dynamic.values()
         )
-        key = _validation_key(family, cls, static, dynamic)
+        # Whether the build checks values (its family's, or a nested wrapper's):
+        # then it is built every time rather than cached by shapes and dtypes.
+        checks = family.checks_values(cls, dict(static.static)) or (
+            not all(type(v) in _PLAIN_ARRAYS for v in dynamic.values())
+            and _checks_anywhere(dynamic)
+        )
+        key = None if checks else _validation_key(cls, static, dynamic)
         if key is not None and key in _VALIDATED:
-            _mark_checked(self, plain)
+            _mark_checked(self, plain, False, checks)
             return
         try:
             target = self if plain else _resolved(self)
-            family.check_built(_build(target, False, nested=True))
+            built = _build(target, False, nested=True)
+            family.check_built(built)
         except Exception as e:
             message = (
                 f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "
@@ -578,7 +612,11 @@ class FixedDistrax(eqx.Module):
             if len(_VALIDATED) >= _VALIDATED_SIZE:  # simply emptied when full
                 _VALIDATED.clear()
             _VALIDATED.add(key)
-        _mark_checked(self, plain)
+        # Values checked for good only if they cannot change: no NumPy array.
+        values = family.validated(built) and not any(
+            isinstance(x, np.ndarray) for x in jtu.tree_leaves(dynamic)
+        )
+        _mark_checked(self, plain, values, checks)
 
     # --- structure without construction -----------------------------------
 
@@ -912,8 +950,8 @@ def _build(wrapper: FixedDistrax, fresh_arrays: bool, nested: bool = False) -> A
     d = object.__getattribute__(wrapper, "__dict__")  # (Module attributes are slow)
     static, cls = d["_static"], d["cls"]
     values = dict(static.static)
-    checked = nested and _checked_build(wrapper) is not None
-    extra = _family(cls).unchecked(cls) if checked else {}
+    hit = _checked_build(wrapper) if nested else None
+    extra = _family(cls).unchecked(cls) if hit is not None and hit[1] else {}
     for name in static.dynamic:
         value = d[name]
         if isinstance(value, FixedDistrax):

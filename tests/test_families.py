@@ -127,6 +127,25 @@ def test_pin_equinox_flattens_fields_by_name():
     assert paths == [(jtu.GetAttrKey("loc"),), (jtu.GetAttrKey("scale"),)]
 
 
+def test_pin_numpyro_validate_args_attribute_and_equinox_dict_in_treedef():
+    # _Numpyro.validated reads a built distribution's `_validate_args`: its
+    # argument, else numpyro's global default.
+    numpyro = pytest.importorskip("numpyro")
+    nd = numpyro.distributions
+    assert nd.Normal(0.0, 1.0, validate_args=True)._validate_args is True
+    assert nd.Normal(0.0, 1.0, validate_args=False)._validate_args is False
+    with numpyro.validation_enabled(False):
+        assert not nd.Normal(0.0, 1.0)._validate_args
+    with numpyro.validation_enabled(True):
+        assert nd.Normal(0.0, 1.0)._validate_args
+    # Equinox flattens extra `__dict__` entries into the treedef, which is why
+    # _wrappers keeps its marks of checked builds off the instance.
+    d = ep.FixedDistrax(distrax.Normal, jnp.zeros(2), jnp.ones(2))
+    marked = jtu.tree_unflatten(jtu.tree_structure(d), jtu.tree_leaves(d))
+    object.__setattr__(marked, "_mark", True)
+    assert jtu.tree_structure(marked) != jtu.tree_structure(d)
+
+
 # --- thread safety ------------------------------------------------------------
 
 X2 = jnp.array([0.7, 1.9])

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import numpyro
 import numpyro.distributions as nd
 import optax
 import pytest
@@ -660,6 +661,58 @@ def test_a_nested_wrapper_rebuilt_from_leaves_is_checked_again():
     )
     _close(good.log_prob(0.5), raw.log_prob(0.5))
     assert good.instantiate().base_dist._validate_args  # calls keep validation
+
+
+# Nested wrappers whose values may have changed or were never checked (found by
+# the second red team): the parent's check must catch them as raw builds do.
+
+
+def test_nested_numpy_array_mutated_after_check_numpyro():
+    # NumPy arrays are stored by reference; the inner wrapper's check happened
+    # before the mutation, and the outer's check now builds it without checks.
+    loc, scale = np.zeros(2, np.float32), np.ones(2, np.float32)
+    inner = ep.FixedDistrax(nd.Normal, loc, scale)
+    scale[:] = -1.0
+    with pytest.raises(ValueError):  # the reference
+        nd.Independent(nd.Normal(loc, scale), 1)
+    with pytest.raises(ValueError):
+        ep.FixedDistrax(nd.Independent, inner, 1)
+
+
+def test_nested_numpy_array_mutated_after_check_tfp():
+    loc, scale = np.zeros(2, np.float32), np.ones(2, np.float32)
+    inner = ep.FixedDistrax(tfd.Normal, loc, scale, validate_args=True)
+    scale[:] = -1.0
+    with pytest.raises(ValueError):  # the reference
+        tfd.Independent(
+            tfd.Normal(loc, scale, validate_args=True), 1, validate_args=True
+        )
+    with pytest.raises(ValueError):
+        ep.FixedDistrax(tfd.Independent, inner, 1, validate_args=True)
+
+
+def test_nested_built_with_numpyro_validation_disabled():
+    # The inner wrapper was "checked" while numpyro's validation was off; the
+    # outer is built with validation on, where raw numpyro rejects the inner.
+    with numpyro.validation_enabled(False):
+        inner = ep.FixedDistrax(nd.Normal, jnp.zeros(2), -jnp.ones(2))
+    with pytest.raises(ValueError):  # the reference
+        nd.Independent(nd.Normal(jnp.zeros(2), -jnp.ones(2)), 1)
+    with pytest.raises(ValueError):
+        ep.FixedDistrax(nd.Independent, inner, 1)
+
+
+def test_validated_cache_ignores_value_checking_nested_tfp():
+    # The shape-only validation cache is keyed on the outer's family only
+    # (tfd.Independent without validate_args), so a nested tfd.Normal with
+    # validate_args=True and invalid values, rebuilt from leaves, is never built.
+    inner = ep.FixedDistrax(tfd.Normal, jnp.zeros(2), jnp.ones(2), validate_args=True)
+    ep.FixedDistrax(tfd.Independent, inner, 1)  # valid: fills the cache
+    bad = jax.tree_util.tree_map(lambda x: -x, inner)  # rebuilt: unchecked
+    with pytest.raises(ValueError):  # the reference
+        tfd.Independent(tfd.Normal(jnp.zeros(2), -jnp.ones(2), validate_args=True), 1)
+    with pytest.raises(ValueError):
+        ep.FixedDistrax(tfd.Independent, bad, 1)
 
 
 def test_calls_of_one_shape_bind_their_own_values():
