@@ -116,7 +116,7 @@ def _checks_anywhere(tree: Any) -> bool:
             continue
         hit = _checked_build(x)
         if hit is not None:
-            if hit[2]:
+            if hit.checks:
                 return True
             continue
         d = object.__getattribute__(x, "__dict__")
@@ -130,39 +130,53 @@ def _checks_anywhere(tree: Any) -> bool:
 
 _INEXACT: dict[Any, bool] = {}  # dtype -> whether it is a float or complex dtype
 
-# id -> (weak reference, plain, values checked, checks) of each wrapper built by
-# its `__init__`. Plain: it holds no `ep.Bijector`/`ep.Frozen` to resolve. Values
-# checked: its library checked its values (numpyro's validation on, TFP's
-# `validate_args`), and they cannot change (no NumPy array). Checks: it or a
-# wrapper inside it checks values when built, so it is built at every parent's
-# check (never by the shapes-and-dtypes cache). Kept outside the
-# instance, whose `__dict__` Equinox flattens into the treedef. A wrapper rebuilt
-# from leaves (`tree_at`, `jax.jit` arguments, deserialising) is not in it.
-_CHECKED_BUILDS: dict[int, tuple[weakref.ref, bool, bool, bool]] = {}
+
+# `_CHECKED_BUILDS`: by id, a mark of each wrapper built by its `__init__`.
+# Plain: it holds no `ep.Bijector`/`ep.Frozen` to resolve. Values: its library
+# checked its values (numpyro's validation on, TFP's `validate_args`), and they
+# cannot change (no NumPy array). Checks: it or a wrapper inside it checks values
+# when built, so it is built at every parent's check (never by the shapes-and-
+# dtypes cache). Kept outside the instance, whose `__dict__` Equinox flattens
+# into the treedef. A wrapper rebuilt from leaves (`tree_at`, `jax.jit`
+# arguments, deserialising) has no mark.
+class _Mark(weakref.ref):
+    """A weak reference to a wrapper built by its `__init__`, with what is known
+    of it (see `_CHECKED_BUILDS`)."""
+
+    __slots__ = ("i", "plain", "values", "checks")
+
+    def __init__(self, wrapper: Any, plain: bool, values: bool, checks: bool):
+        super().__init__(wrapper, _forget)  # pyright: ignore[reportCallIssue]  (as the docs subclass `weakref.ref`)
+        self.i = id(wrapper)
+        self.plain, self.values, self.checks = plain, values, checks
+
+    def __new__(cls, wrapper: Any, *_: Any) -> _Mark:
+        return super().__new__(cls, wrapper, _forget)
+
+
+def _forget(mark: _Mark) -> None:  # the wrapper is gone: its id may be reused
+    if _CHECKED_BUILDS.get(mark.i) is mark:
+        _CHECKED_BUILDS.pop(mark.i, None)
+
+
+_CHECKED_BUILDS: dict[int, _Mark] = {}
 
 
 def _mark_checked(
     wrapper: FixedDistrax, plain: bool, values: bool, checks: bool
 ) -> None:
-    i = id(wrapper)
-
-    def forget(ref: weakref.ref, i: int = i) -> None:
-        if _CHECKED_BUILDS.get(i, (None,))[0] is ref:
-            del _CHECKED_BUILDS[i]
-
-    _CHECKED_BUILDS[i] = (weakref.ref(wrapper, forget), plain, values, checks)
+    _CHECKED_BUILDS[id(wrapper)] = _Mark(wrapper, plain, values, checks)
 
 
 def _plain_build(wrapper: FixedDistrax) -> bool:
     hit = _checked_build(wrapper)
-    return hit is not None and hit[0]
+    return hit is not None and hit.plain
 
 
-def _checked_build(wrapper: FixedDistrax) -> tuple[bool, bool, bool] | None:
-    """`None` if `wrapper` was not built by its `__init__`, else `(plain, values
-    checked, checks)`."""
+def _checked_build(wrapper: FixedDistrax) -> _Mark | None:
+    """The mark of `wrapper` if it was built by its `__init__`, else `None`."""
     hit = _CHECKED_BUILDS.get(id(wrapper))
-    return hit[1:] if hit is not None and hit[0]() is wrapper else None
+    return hit if hit is not None and hit() is wrapper else None
 
 
 # Keys of builds that passed validation (see `_validation_key`).
@@ -951,7 +965,7 @@ def _build(wrapper: FixedDistrax, fresh_arrays: bool, nested: bool = False) -> A
     static, cls = d["_static"], d["cls"]
     values = dict(static.static)
     hit = _checked_build(wrapper) if nested else None
-    extra = _family(cls).unchecked(cls) if hit is not None and hit[1] else {}
+    extra = _family(cls).unchecked(cls) if hit is not None and hit.values else {}
     for name in static.dynamic:
         value = d[name]
         if isinstance(value, FixedDistrax):
