@@ -242,6 +242,7 @@ class _Static:
 
 
 _CHECKED: dict[type, Family] = {}  # classes that passed `_check_class`
+_CACHE_SIZE = 4096  # of `_CHECKED` and `_BINDINGS`
 
 
 def _check_class(cls: Any) -> Family:
@@ -274,6 +275,8 @@ def _check_class(cls: Any) -> Family:
         raise TypeError(
             f"FixedDistrax({cls.__name__}): {family.qualname(cls)} {reason}."
         )
+    if len(_CHECKED) >= _CACHE_SIZE:  # simply emptied when full
+        _CHECKED.clear()
     _CHECKED[cls] = family
     return family
 
@@ -300,6 +303,8 @@ def _bind(family: Family, cls: type, args: tuple, kwargs: dict) -> dict[str, Any
     parameters = signature.parameters
     if all(p.kind in _NAMED for p in parameters.values()):
         positional = list(parameters)[: len(args)]
+        if len(_BINDINGS) >= _CACHE_SIZE:  # simply emptied when full
+            _BINDINGS.clear()
         _BINDINGS[key] = tuple(
             (n, positional.index(n) if n in positional else n) for n in arguments
         )
