@@ -110,7 +110,8 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
         if isinstance(x, jax.core.Tracer):
             return _Same(x)
         if np.size(x) <= _SMALL:
-            return _array_key(x)
+            a = np.asarray(x)
+            return ("array", a.shape, a.dtype.str, a.tobytes())
         return _Same(x)  # JAX arrays are immutable: identity is exact
     if isinstance(x, (np.ndarray, np.generic)):
         a = np.asarray(x)  # mutable in place: always by content
@@ -158,25 +159,6 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     if _hashable(x) and type(x).__eq__ is not object.__eq__:
         return ("value", type(x), x, _attributes(x, names, nxt))  # e.g. Modules
     return ("object", _Same(x), _attributes(x, names, nxt))
-
-
-# id -> (array, its key): a JAX array is immutable, so its key by value is
-# computed once (the entry holds the array, so the id is not reused). Emptied
-# when full.
-_ARRAY_KEYS: dict[int, tuple[jax.Array, tuple]] = {}
-_ARRAY_KEYS_SIZE = 1024
-
-
-def _array_key(x: jax.Array) -> tuple:
-    hit = _ARRAY_KEYS.get(id(x))
-    if hit is not None and hit[0] is x:
-        return hit[1]
-    a = np.asarray(x)
-    found = ("array", a.shape, a.dtype.str, a.tobytes())
-    if len(_ARRAY_KEYS) >= _ARRAY_KEYS_SIZE:
-        _ARRAY_KEYS.clear()
-    _ARRAY_KEYS[id(x)] = (x, found)
-    return found
 
 
 def _hashable(x: Any) -> bool:

@@ -294,19 +294,19 @@ def _structure(model: Any) -> tuple[list, Any, list, list]:
     """`(items, treedef, paths, specs)`: one flatten, parameter nodes as items."""
     items, treedef = jtu.tree_flatten(model, is_leaf=_parameter.is_node)
     try:
-        known = _STRUCTURES.get(treedef)
+        known, cacheable = _STRUCTURES.get(treedef), True
     except Exception:  # noqa: BLE001 - static data that cannot be hashed/compared
-        known, treedef = None, None
+        known, cacheable = None, False
     if known is not None and known[0] is not None:
         return items, treedef, known[0], known[1]
-    pairs, treedef_ = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+    pairs, _ = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
     paths = [path for path, _ in pairs]
     specs = known[1] if known is not None else _metadata_specs(model, paths)
-    if known is None and treedef is not None:
+    if known is None and cacheable:
         if len(_STRUCTURES) >= _STRUCTURES_SIZE:
             _STRUCTURES.clear()
         _STRUCTURES[treedef] = (paths if _exact(paths) else None, specs)
-    return items, treedef_, paths, specs
+    return items, treedef, paths, specs
 
 
 def _exact(paths: list) -> bool:

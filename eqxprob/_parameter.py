@@ -524,9 +524,7 @@ def resolve(tree: PyTree) -> PyTree:
     stops = (Bijector, Frozen)
     if paramax is not None:
         stops += (paramax.AbstractUnwrappable,)
-    leaves, treedef = jtu.tree_flatten(
-        tree, is_leaf=lambda x: type(x) is not _ARRAY and isinstance(x, stops)
-    )
+    leaves, treedef = jtu.tree_flatten(tree, is_leaf=_stop(stops))
     out: list[Any] = [None] * len(leaves)
     groups: dict[Any, list[int]] = {}
     shared: dict[int, Any] = {}  # id(transform) -> how it is shared, per call
@@ -590,7 +588,7 @@ def sharing(transform: Any) -> Any:
 _UNSEEN = object()
 
 
-_ARRAY = type(jnp.zeros(()))  # concrete arrays only: tracers are not batched
+_ARRAY = _errors.CONCRETE  # concrete arrays only: tracers are not batched
 
 resolve_all_bijectors = resolve
 

@@ -31,6 +31,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from tensorflow_probability.substrates import jax as tfp
 
 from . import _families
+from ._errors import CONCRETE
 from ._families import Family, family_of, float_key, fresh, fresh_tree
 
 
@@ -42,7 +43,7 @@ def _is_wrapper(x: Any) -> bool:
     return isinstance(x, FixedDistrax)
 
 
-_PLAIN_ARRAYS = frozenset({type(jnp.zeros(())), np.ndarray})  # concrete arrays
+_PLAIN_ARRAYS = frozenset({CONCRETE, np.ndarray})  # concrete arrays
 
 
 def _is_dynamic(x: Any) -> bool:
@@ -121,11 +122,16 @@ def _checks_anywhere(tree: Any) -> bool:
             continue
         d = object.__getattribute__(x, "__dict__")
         cls, static = d["cls"], d["_static"]
-        if _family(cls).checks_values(cls, dict(static.static)) or _checks_anywhere(
+        if _checks_values(cls, static) or _checks_anywhere(
             [d[n] for n in static.dynamic]
         ):
             return True
     return False
+
+
+def _checks_values(cls: type, static: _Static) -> bool:
+    """Whether building `cls` with these static arguments checks values."""
+    return _family(cls).checks_values(cls, dict(static.static))
 
 
 _INEXACT: dict[Any, bool] = {}  # dtype -> whether it is a float or complex dtype
@@ -596,15 +602,15 @@ class FixedDistrax(eqx.Module):
             object.__setattr__(self, name, value)
         # Plain: no `ep.Bijector` inside to resolve (as known of nested wrappers
         # checked when built, see `_CHECKED_BUILDS`).
-        plain = all(
+        arrays_only = all(type(v) in _PLAIN_ARRAYS for v in dynamic.values())
+        plain = arrays_only or all(
             type(v) in _PLAIN_ARRAYS or (_is_wrapper(v) and _plain_build(v))
             for v in dynamic.values()
         )
         # Whether the build checks values (its family's, or a nested wrapper's):
         # then it is built every time rather than cached by shapes and dtypes.
-        checks = family.checks_values(cls, dict(static.static)) or (
-            not all(type(v) in _PLAIN_ARRAYS for v in dynamic.values())
-            and _checks_anywhere(dynamic)
+        checks = _checks_values(cls, static) or (
+            not arrays_only and _checks_anywhere(dynamic)
         )
         key = None if checks else _validation_key(cls, static, dynamic)
         if key is not None and key in _VALIDATED:
