@@ -2,6 +2,7 @@
 bad inputs, and training."""
 
 import io
+import threading
 
 import distrax
 import equinox as eqx
@@ -713,6 +714,49 @@ def test_validated_cache_ignores_value_checking_nested_tfp():
         tfd.Independent(tfd.Normal(jnp.zeros(2), -jnp.ones(2), validate_args=True), 1)
     with pytest.raises(ValueError):
         ep.FixedDistrax(tfd.Independent, bad, 1)
+
+
+def test_construction_from_eight_threads_checks_and_binds_like_one_thread():
+    # The construction caches (bindings, class checks, marks of checked builds,
+    # the shapes-and-dtypes cache) shared by 8 threads at once.
+    normal = ep.FixedDistrax(nd.Normal, 0.0, 1.0)
+    bad = eqx.tree_at(lambda d: d.scale, normal, jnp.array(-1.0))
+    raw = nd.TransformedDistribution(
+        nd.Normal(0.5, 2.0), nd.transforms.AffineTransform(1.0, 3.0)
+    ).log_prob(0.25)
+    barrier = threading.Barrier(8)
+    outcomes, errors = [], []
+
+    def work(i):
+        try:
+            barrier.wait()
+            for _ in range(5):
+                d = ep.FixedDistrax(
+                    nd.TransformedDistribution,
+                    ep.FixedDistrax(nd.Normal, 0.5, scale=2.0),
+                    ep.FixedDistrax(nd.transforms.AffineTransform, 1.0, 3.0),
+                )
+                a = ep.FixedDistrax(distrax.ScalarAffine, float(i), scale=2.0)
+                try:
+                    ep.FixedDistrax(nd.Independent, bad, 0)
+                    rejected = False
+                except ValueError:
+                    rejected = True
+                shift, scale = float(a.shift), float(a.scale)
+                outcomes.append((float(d.log_prob(0.25)), shift, scale, i, rejected))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(outcomes) == 40
+    for log_prob, shift, scale, i, rejected in outcomes:
+        np.testing.assert_allclose(log_prob, raw, rtol=1e-6)
+        assert (shift, scale, rejected) == (float(i), 2.0, True)
 
 
 def test_calls_of_one_shape_bind_their_own_values():
