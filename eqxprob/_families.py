@@ -277,6 +277,20 @@ class Family(abc.ABC):
         caches that). Conservatively `True`."""
         return True
 
+    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
+        """Whether building `cls` with these static arguments checks values now
+        (with the library's current settings), by a test `traced_checks` can
+        make under a trace. `False` by default: the build is checked eagerly."""
+        return False
+
+    def traced_checks(self, obj: Any) -> Any:
+        """For `obj` built from traced arrays (in `jax.jit`) of a class that
+        `checks_traced`: whether each of its arguments passes the value check its
+        library makes when built from concrete ones, as a traced boolean vector.
+        One compiled call then checks a build, where the library runs one eager
+        op per test."""
+        raise NotImplementedError
+
     # --- calling: the uniform method set
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(obj, method)(*args, **kwargs)
@@ -478,6 +492,30 @@ class _Numpyro(Family):
         # A distribution's `_validate_args`: its `validate_args` argument, or
         # numpyro's global default (`numpyro.enable_validation`) when not given.
         return self.is_distribution_class(type(obj)) and bool(obj._validate_args)
+
+    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
+        # Validation on: the `validate_args` argument, else numpyro's global
+        # default (`numpyro.enable_validation`); and the check is numpyro's own
+        # `Distribution.validate_args` (a class overriding it is checked eagerly).
+        if not self.is_distribution_class(cls):
+            return False
+        nd = require_numpyro()
+        validate = static.get("validate_args")
+        if validate is None:
+            validate = nd.Distribution._validate_args
+        return bool(validate) and cls.validate_args is nd.Distribution.validate_args
+
+    def traced_checks(self, obj: Any) -> Any:
+        # `Distribution.validate_args`'s own test, which it skips for traced
+        # values: each argument `get_args` lists, against its `arg_constraints`
+        # entry, dependent ones skipped.
+        is_dependent = require_numpyro().constraints.is_dependent
+        checks = [
+            jnp.all(obj.arg_constraints[name](value))
+            for name, value in obj.get_args().items()
+            if not is_dependent(obj.arg_constraints[name])
+        ]
+        return jnp.stack(checks) if checks else jnp.ones((0,), bool)
 
     def abstract_reason(self, cls: type) -> str | None:
         nd = require_numpyro()

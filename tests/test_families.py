@@ -146,6 +146,64 @@ def test_pin_numpyro_validate_args_attribute_and_equinox_dict_in_treedef():
     assert jtu.tree_structure(marked) != jtu.tree_structure(d)
 
 
+def _bad_values(x):
+    """Arrays like `x` with one entry NaN, inf, -inf, negative, 0 or huge: what
+    numpyro's constraints reject for some argument and accept for others."""
+    for bad in (jnp.nan, jnp.inf, -jnp.inf, -1.0, 0.0, 1e30):
+        yield x.at[(0,) * x.ndim].set(bad)
+
+
+def test_pin_numpyro_traced_checks_are_validate_args():
+    # `_Numpyro.traced_checks` makes numpyro's `Distribution.validate_args` test
+    # under a trace: `arg_constraints` of what `get_args` lists, dependent ones
+    # skipped. It must accept exactly what numpyro's own eager check accepts, for
+    # every numpyro distribution of the conformance cases and bad values of each
+    # float argument. The built objects are checked directly (not through
+    # `FixedDistrax`).
+    import _cases
+    import numpyro
+
+    family = _families._Numpyro()
+
+    def traced(make):  # one compiled check per case
+        return jax.jit(lambda p: family.traced_checks(make(p, _cases.RAW)))
+
+    def eager_ok(make, params):  # the built object's own check (not nested ones')
+        with numpyro.validation_enabled(False):
+            obj = make(params, _cases.RAW)
+        try:
+            obj.validate_args()
+        except ValueError:
+            return False
+        return True
+
+    compared = rejected = 0
+    for name, case in _cases.NUMPYRO_DISTRIBUTIONS.items():
+        obj = case.make(case.params, _cases.RAW)
+        assert family.checks_traced(type(obj), {}), name
+        check = traced(case.make)
+        assert bool(np.all(check(case.params))), name
+        for key, x in case.params.items():
+            if not jnp.issubdtype(x.dtype, jnp.floating):
+                continue
+            for bad in _bad_values(x):
+                params = case.params | {key: bad}
+                want = eager_ok(case.make, params)
+                assert bool(np.all(check(params))) == want, (name, key, bad)
+                compared += 1
+                rejected += not want
+    assert compared > 100 and rejected > 50, (compared, rejected)
+    # A class that overrides `validate_args` is checked eagerly.
+
+    class Checked(nd.Normal):
+        def validate_args(self, strict=True):
+            super().validate_args(strict)
+
+    assert not family.checks_traced(Checked, {})
+    assert not family.checks_traced(nd.Normal, {"validate_args": False})
+    assert not family.checks_traced(nt.AffineTransform, {})
+
+
 # --- thread safety ------------------------------------------------------------
 
 X2 = jnp.array([0.7, 1.9])

@@ -716,6 +716,159 @@ def test_validated_cache_ignores_value_checking_nested_tfp():
         ep.FixedDistrax(tfd.Independent, bad, 1)
 
 
+# --- numpyro's value check as one compiled call ---------------------------------
+# A numpyro build that validates is checked by one compiled call of numpyro's own
+# test (`_families._Numpyro.traced_checks`); the eager build runs only when that
+# fails (for numpyro's error) or cannot be traced.
+
+
+def _outcome(build):
+    try:
+        build()
+    except ValueError:
+        return "rejected"
+    return "accepted"
+
+
+def test_numpyro_wrappers_accept_what_raw_numpyro_accepts():
+    # Every numpyro distribution of the conformance cases, with bad values of
+    # each float argument: the wrapper's verdict is raw numpyro's.
+    import _cases
+
+    compared = rejected = 0
+    for name, case in _cases.NUMPYRO_DISTRIBUTIONS.items():
+        for key, x in case.params.items():
+            if not jnp.issubdtype(x.dtype, jnp.floating):
+                continue
+            for bad in (jnp.nan, -jnp.inf, -1.0, 0.0):
+                params = case.params | {key: x.at[(0,) * x.ndim].set(bad)}
+                make = case.make
+                want = _outcome(lambda p=params, m=make: m(p, _cases.RAW))
+                got = _outcome(lambda p=params, m=make: m(p, ep.FixedDistrax))
+                assert got == want, (name, key, bad)
+                compared += 1
+                rejected += want == "rejected"
+    assert compared > 100 and rejected > 50, (compared, rejected)
+
+
+def test_numpyro_check_compiles_once_per_class_and_shapes():
+    # The deterministic proxy for "one compiled call": a second build of the same
+    # class and shapes compiles nothing, a new shape compiles one check.
+    from eqxprob import _wrappers
+
+    def compiled():
+        return _wrappers._traced_checks._cache_size()
+
+    ep.FixedDistrax(nd.Gumbel, jnp.zeros(7), jnp.ones(7))
+    before = compiled()
+    ep.FixedDistrax(nd.Gumbel, jnp.ones(7), 2 * jnp.ones(7))
+    assert compiled() == before
+    ep.FixedDistrax(nd.Gumbel, jnp.zeros(8), jnp.ones(8))
+    assert compiled() == before + 1
+    with pytest.raises(ValueError, match="numpyro.Gumbel rejected.*invalid scale"):
+        ep.FixedDistrax(nd.Gumbel, jnp.zeros(8), -jnp.ones(8))
+    assert compiled() == before + 1
+
+
+def test_numpyro_class_overriding_validate_args_is_checked_eagerly():
+    class Bounded(nd.Normal):  # a user's extra check on top of numpyro's
+        def validate_args(self, strict=True):
+            super().validate_args(strict)
+            if not_jax_tracer(self.loc) and np.any(np.asarray(self.loc) > 10):
+                raise ValueError("loc above 10")
+
+    from numpyro.util import not_jax_tracer
+
+    Bounded.__module__ = "numpyro.user"  # (the family owns numpyro's modules)
+
+    ep.FixedDistrax(Bounded, jnp.zeros(2), jnp.ones(2))
+    with pytest.raises(ValueError, match="loc above 10"):
+        Bounded(jnp.full(2, 20.0), jnp.ones(2))  # the reference
+    with pytest.raises(ValueError, match="Bounded rejected.*loc above 10"):
+        ep.FixedDistrax(Bounded, jnp.full(2, 20.0), jnp.ones(2))
+
+
+def test_numpyro_class_that_cannot_be_traced_is_checked_eagerly():
+    class Concrete(nd.Normal):  # reads a value in `__init__`: fails under `jit`
+        def __init__(self, loc, scale, validate_args=None):
+            self.scale_was = float(jnp.max(scale))
+            super().__init__(loc, scale, validate_args=validate_args)
+
+    Concrete.__module__ = "numpyro.user"
+
+    from eqxprob import _wrappers
+
+    for _ in range(2):  # the second build knows the trace fails
+        d = ep.FixedDistrax(Concrete, jnp.zeros(2), jnp.ones(2))
+        _close(d.log_prob(X[:2]), nd.Normal(0.0, 1.0).log_prob(X[:2]))
+        with pytest.raises(ValueError, match="Concrete rejected.*invalid scale"):
+            ep.FixedDistrax(Concrete, jnp.zeros(2), -jnp.ones(2))
+        assert any(cls is Concrete for cls, _ in _wrappers._UNTRACEABLE)
+
+
+def test_numpyro_check_follows_the_validation_setting():
+    bad = (jnp.zeros(2), -jnp.ones(2))
+    ep.FixedDistrax(nd.Normal, jnp.zeros(2), jnp.ones(2))  # compiles the check
+    with numpyro.validation_enabled(False):
+        nd.Normal(*bad)  # raw numpyro accepts it: so does the wrapper
+        d = ep.FixedDistrax(nd.Normal, *bad)
+        assert np.isnan(d.log_prob(X[:2])).all()
+        with pytest.raises(ValueError, match="invalid scale"):
+            ep.FixedDistrax(nd.Normal, *bad, validate_args=True)
+    with pytest.raises(ValueError, match="invalid scale"):
+        ep.FixedDistrax(nd.Normal, *bad)
+    ep.FixedDistrax(nd.Normal, *bad, validate_args=False)
+
+
+def test_numpyro_check_under_jit_vmap_disable_jit_and_x64():
+    def log_prob(scale):
+        return ep.FixedDistrax(nd.Normal, 0.0, scale).log_prob(0.5)
+
+    want = nd.Normal(0.0, 2.0).log_prob(0.5)
+    _close(jax.jit(log_prob)(jnp.array(2.0)), want)  # traced: numpyro skips it
+    _close(jax.vmap(log_prob)(jnp.array([2.0, 2.0])), jnp.stack([want, want]))
+    with jax.disable_jit():
+        _close(log_prob(jnp.array(2.0)), want)
+        with pytest.raises(ValueError, match="invalid scale"):
+            ep.FixedDistrax(nd.Normal, 0.0, jnp.array(-2.0))
+    for x64 in (False, True):
+        with jax.enable_x64(x64):
+            ep.FixedDistrax(nd.Normal, 0.0, jnp.array(2.0))
+            with pytest.raises(ValueError, match="invalid scale"):
+                ep.FixedDistrax(nd.Normal, 0.0, jnp.array(-2.0))
+            with pytest.raises(ValueError, match="invalid scale"):  # weakly typed
+                ep.FixedDistrax(nd.Normal, 0.0, jnp.asarray(-2.0))
+
+
+def test_numpyro_nested_checks_with_lists_of_transforms():
+    # A list of transforms (plain wrappers) and an inner distribution checked
+    # when built: the outer is checked by the compiled call too, and a rebuilt
+    # inner (never checked) by the eager build.
+    inner = ep.FixedDistrax(nd.Normal, jnp.zeros(2), jnp.ones(2))
+    transforms = [
+        ep.FixedDistrax(nd.transforms.AffineTransform, 0.5, 2.0),
+        ep.FixedDistrax(nd.transforms.ExpTransform),
+    ]
+    d = ep.FixedDistrax(nd.TransformedDistribution, inner, transforms)
+    raw = nd.TransformedDistribution(
+        nd.Normal(jnp.zeros(2), jnp.ones(2)),
+        [nd.transforms.AffineTransform(0.5, 2.0), nd.transforms.ExpTransform()],
+    )
+    _close(d.log_prob(jnp.array([1.5, 2.5])), raw.log_prob(jnp.array([1.5, 2.5])))
+    bad = eqx.tree_at(lambda n: n.scale, inner, -jnp.ones(2))
+    with pytest.raises(ValueError, match="invalid scale"):
+        ep.FixedDistrax(nd.TransformedDistribution, bad, transforms)
+    node = ep.FixedDistrax(nd.transforms.AffineTransform, 0.5, ep.positive(2.0))
+    resolved = ep.FixedDistrax(nd.TransformedDistribution, inner, [node])
+    _close(
+        ep.resolve(resolved).log_prob(jnp.array([1.5, 2.5])),
+        nd.TransformedDistribution(
+            nd.Normal(jnp.zeros(2), jnp.ones(2)),
+            [nd.transforms.AffineTransform(0.5, 2.0)],
+        ).log_prob(jnp.array([1.5, 2.5])),
+    )
+
+
 def test_construction_from_eight_threads_checks_and_binds_like_one_thread():
     # The construction caches (bindings, class checks, marks of checked builds,
     # the shapes-and-dtypes cache) shared by 8 threads at once.
