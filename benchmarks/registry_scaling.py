@@ -46,6 +46,7 @@ def operations(L: int) -> dict[str, tuple]:
     params = ep.parameterize(model)
     hand_raw = {i: jnp.log(jnp.expm1(v)) for i, v in enumerate(values)}
     wrapped = [paramax.Parameterize(_softplus, u) for u in hand_raw.values()]
+    raw_mask, params_mask = ep.trainable(raw), ep.trainable(params)
     return {
         "parameterize": (
             lambda: ep.parameterize(model),
@@ -71,7 +72,7 @@ def operations(L: int) -> dict[str, tuple]:
             lambda: {i: jax.nn.softplus(u) for i, u in hand_raw.items()},
             lambda: paramax.unwrap(wrapped),
         ),
-        # The baselines of these six filter the same tree by hand: `raw` (plain
+        # The baselines of these eight filter the same tree by hand: `raw` (plain
         # arrays) or `params` (one `ep.Bijector` node per leaf).
         "trainable (raw model)": (
             lambda: ep.trainable(raw),
@@ -85,6 +86,12 @@ def operations(L: int) -> dict[str, tuple]:
             lambda: ep.partition(raw),
             lambda: eqx.partition(raw, eqx.is_inexact_array),
         ),
+        # Equinox's step alone, with the bool tree computed beforehand: the floor
+        # of `eqx.partition(m, ep.trainable(m))` whatever `trainable` costs.
+        "eqx.partition, precomputed bool tree (raw model)": (
+            lambda: eqx.partition(raw, raw_mask),
+            lambda: eqx.partition(raw, eqx.is_inexact_array),
+        ),
         "trainable (nodes)": (
             lambda: ep.trainable(params),
             lambda: jax.tree_util.tree_map(eqx.is_inexact_array, params),
@@ -95,6 +102,10 @@ def operations(L: int) -> dict[str, tuple]:
         ),
         "ep.partition (nodes)": (
             lambda: ep.partition(params),
+            lambda: eqx.partition(params, eqx.is_inexact_array),
+        ),
+        "eqx.partition, precomputed bool tree (nodes)": (
+            lambda: eqx.partition(params, params_mask),
             lambda: eqx.partition(params, eqx.is_inexact_array),
         ),
     }
