@@ -43,7 +43,7 @@ def main(
     with jax.enable_x64(True):
         x, y = make_data(n)
         params = ep.parameterize(initial_model())
-        position, static = eqx.partition(params, ep.trainable(params))
+        position, static = ep.partition(params)
 
         def log_density(position):
             params = eqx.combine(position, static)
