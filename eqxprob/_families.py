@@ -277,19 +277,20 @@ class Family(abc.ABC):
         caches that). Conservatively `True`."""
         return True
 
-    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
-        """Whether building `cls` with these static arguments checks values now
-        (with the library's current settings), by a test `traced_checks` can
-        make under a trace. `False` by default: the build is checked eagerly."""
-        return False
+    def trace_settings(self, cls: type, static: dict[str, Any]) -> Any:
+        """If building `cls` with these static arguments checks values now (with
+        the library's current settings) by a test `traced_checks` can make under
+        a trace: those settings, hashable (part of the compiled check's key).
+        `None` otherwise, the default: the build is then checked eagerly."""
+        return None
 
     def traced_checks(self, obj: Any) -> Any:
-        """For `obj` built from traced arrays (in `jax.jit`) of a class that
-        `checks_traced`: whether each of its arguments passes the value check its
-        library makes when built from concrete ones, as a traced boolean vector.
-        One compiled call then checks a build, where the library runs one eager
-        op per test."""
-        raise NotImplementedError
+        """For `obj` built from traced arrays (in `jax.jit`) of a class with
+        `trace_settings`: whether the value checks its library makes when
+        building it from concrete arrays pass, as a traced boolean vector; or
+        `None` if they cannot be made under a trace. One compiled call then
+        checks a build, where the library runs one eager op per test."""
+        return None
 
     # --- calling: the uniform method set
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -493,28 +494,41 @@ class _Numpyro(Family):
         # numpyro's global default (`numpyro.enable_validation`) when not given.
         return self.is_distribution_class(type(obj)) and bool(obj._validate_args)
 
-    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
+    def trace_settings(self, cls: type, static: dict[str, Any]) -> Any:
         # Validation on: the `validate_args` argument, else numpyro's global
-        # default (`numpyro.enable_validation`); and the check is numpyro's own
-        # `Distribution.validate_args` (a class overriding it is checked eagerly).
+        # default (`numpyro.enable_validation`), which is also the setting of
+        # the distributions `__init__` builds without passing it on.
         if not self.is_distribution_class(cls):
-            return False
-        nd = require_numpyro()
+            return None
+        default = require_numpyro().Distribution._validate_args
         validate = static.get("validate_args")
-        if validate is None:
-            validate = nd.Distribution._validate_args
-        return bool(validate) and cls.validate_args is nd.Distribution.validate_args
+        return (
+            ("validate", bool(default))
+            if (default if validate is None else validate)
+            else None
+        )
 
     def traced_checks(self, obj: Any) -> Any:
-        # `Distribution.validate_args`'s own test, which it skips for traced
-        # values: each argument `get_args` lists, against its `arg_constraints`
-        # entry, dependent ones skipped.
-        is_dependent = require_numpyro().constraints.is_dependent
-        checks = [
-            jnp.all(obj.arg_constraints[name](value))
-            for name, value in obj.get_args().items()
-            if not is_dependent(obj.arg_constraints[name])
-        ]
+        # numpyro checks values in `Distribution.validate_args`, called by
+        # `Distribution.__init__` and skipped for traced values: each argument
+        # `get_args` lists against its `arg_constraints` entry, dependent ones
+        # skipped. Made here for `obj` and every distribution it holds, as built
+        # by its `__init__` (`Wishart`'s `WishartCholesky`, `LKJCholesky`'s
+        # `Beta`...), each if its own validation is on; `None` if one of them
+        # overrides `validate_args`.
+        nd = require_numpyro()
+        is_dependent = nd.constraints.is_dependent
+        checks = []
+        for d in _held_distributions(obj, nd.Distribution):
+            if not d._validate_args:
+                continue
+            if type(d).validate_args is not nd.Distribution.validate_args:
+                return None
+            checks += [
+                jnp.all(d.arg_constraints[name](value))
+                for name, value in d.get_args().items()
+                if not is_dependent(d.arg_constraints[name])
+            ]
         return jnp.stack(checks) if checks else jnp.ones((0,), bool)
 
     def abstract_reason(self, cls: type) -> str | None:
@@ -556,6 +570,27 @@ class _Numpyro(Family):
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(getattr(getattr(obj, "domain", None), "event_dim", None))
+
+
+def _held_distributions(obj: Any, base: type) -> list[Any]:
+    """`obj` and the distributions (instances of `base`) it holds, at any depth
+    of their attributes, lists, tuples and dicts; each once."""
+    found: dict[int, Any] = {}
+
+    def visit(x: Any) -> None:
+        if isinstance(x, base):
+            if id(x) in found:
+                return
+            found[id(x)] = x
+            x = list(vars(x).values())
+        if isinstance(x, dict):
+            x = list(x.values())
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+
+    visit(obj)
+    return list(found.values())
 
 
 def _np_forward_ldj(t: Any, x: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -232,18 +233,26 @@ def _validation_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
     return key
 
 
-# Classes (with their static arguments) whose traced check failed where the
-# eager build passed: they need concrete values, or override the check.
+# Classes (with their static arguments) that failed to build under the trace
+# of their check where the eager build passed: they need concrete values, or a
+# distribution they hold overrides the library's check.
 _UNTRACEABLE: set = set()
+
+
+class _Untraceable(Exception):
+    """Building failed under the trace of `_traced_checks`."""
 
 
 def _traceable(cls: type, static: _Static, dynamic: dict[str, Any]) -> bool:
     """Whether a build whose family checks it under a trace may be checked by one
-    compiled call (`_passes_traced_checks`): it did not fail that way before, and
-    every argument is a concrete JAX array (not traced, not NumPy) or a wrapper
-    whose values were checked when built (or that checks none) and holds only
-    concrete JAX arrays."""
-    if (cls, static) in _UNTRACEABLE:
+    compiled call (`_traced_verdict`): its static arguments hash, it did not fail
+    to build under that trace before, and every argument is a concrete JAX array
+    (not traced, not NumPy) or a wrapper whose values were checked when built
+    (or that checks none) and holds only concrete JAX arrays."""
+    try:
+        if (cls, static) in _UNTRACEABLE:
+            return False
+    except TypeError:  # an unhashable static argument (a numpyro constraint)
         return False
     for x in jtu.tree_leaves(list(dynamic.values()), is_leaf=_is_wrapper):
         if type(x) is CONCRETE:
@@ -256,24 +265,38 @@ def _traceable(cls: type, static: _Static, dynamic: dict[str, Any]) -> bool:
     return True
 
 
-def _passes_traced_checks(cls: type, static: _Static, dynamic: dict[str, Any]) -> bool:
-    """Whether the library's value check passes, run as one compiled call (~6 µs
-    where numpyro's eager check takes ~60 µs); `False` if it fails or cannot be
-    traced (then the build is checked eagerly, which raises the library's
-    error)."""
+def _traced_verdict(
+    cls: type, settings: Any, static: _Static, dynamic: dict[str, Any]
+) -> bool | None:
+    """The library's value check as one compiled call (~6 µs where numpyro's
+    eager check takes ~60 µs): `True` if it passes; `None` if the build fails
+    under its trace; `False` if it fails, or cannot run here (under an outer
+    trace, arguments on several devices...). Unless `True`, the build is then
+    checked eagerly, which raises the library's error."""
     try:
-        return bool(np.all(np.asarray(_traced_checks((cls, static), dynamic))))
+        result = _traced_checks((cls, static, settings), dynamic)
+    except _Untraceable:
+        return None
     except Exception:
         return False
+    if isinstance(result, jax.core.Tracer):  # built inside a transformation
+        return False
+    return bool(np.all(np.asarray(result)))
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _traced_checks(parts: tuple[type, _Static], dynamic: dict[str, Any]) -> Array:
-    cls, static = parts
-    built = _build(_make(cls, static, dynamic), False)
+def _traced_checks(parts: tuple[type, _Static, Any], dynamic: dict[str, Any]) -> Any:
+    cls, static, _ = parts  # (the library's settings: part of the key only)
     family = _family(cls)
-    family.check_built(built)
-    return family.traced_checks(built)
+    try:
+        built = _build(_make(cls, static, dynamic), False)
+        family.check_built(built)
+        checks = family.traced_checks(built)
+    except Exception as e:
+        raise _Untraceable from e
+    if checks is None:
+        raise _Untraceable
+    return checks
 
 
 class _Static:
@@ -596,9 +619,10 @@ class FixedDistrax(eqx.Module):
     build is not built again, except where building checks values: numpyro
     distributions (which validate by default), TFP with `validate_args=True`,
     and any build with integer array arguments (shapes and counts). A numpyro
-    distribution is checked by numpyro's own test of its arguments, run as one
-    compiled call per class and shapes (the first build of new shapes compiles
-    it); the object is built eagerly only to raise numpyro's error.
+    distribution is checked by numpyro's own test of its arguments (and of the
+    distributions it builds from them), run as one compiled call per class and
+    shapes (the first build of new shapes compiles it); the object is built
+    eagerly only to raise numpyro's error, or where the test cannot be traced.
 
     No call mutates process-wide state, so wrappers may be used from several
     threads at once (see `eqxprob/_families.py` on TFP's bijector cache).
@@ -675,15 +699,14 @@ class FixedDistrax(eqx.Module):
         if key is not None and key in _VALIDATED:
             _mark_checked(self, plain, False, checks)
             return
-        traced = (
-            checks
-            and plain
-            and family.checks_traced(cls, dict(static.static))
-            and _traceable(cls, static, dynamic)
-        )
-        if traced and _passes_traced_checks(cls, static, dynamic):
-            _mark_checked(self, plain, True, checks)
-            return
+        settings = family.trace_settings(cls, dict(static.static)) if checks else None
+        untraceable = False
+        if settings is not None and plain and _traceable(cls, static, dynamic):
+            verdict = _traced_verdict(cls, settings, static, dynamic)
+            if verdict:
+                _mark_checked(self, plain, True, checks)
+                return
+            untraceable = verdict is None
         try:
             target = self if plain else _resolved(self)
             built = _build(target, False, nested=True)
@@ -705,7 +728,7 @@ class FixedDistrax(eqx.Module):
             if len(_VALIDATED) >= _VALIDATED_SIZE:  # simply emptied when full
                 _VALIDATED.clear()
             _VALIDATED.add(key)
-        if traced:  # the library accepts what the traced check did not
+        if untraceable:  # the library builds eagerly what fails under a trace
             if len(_UNTRACEABLE) >= _VALIDATED_SIZE:
                 _UNTRACEABLE.clear()
             _UNTRACEABLE.add((cls, static))

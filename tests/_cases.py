@@ -673,3 +673,85 @@ FLOAT64_WARNING_UPSTREAM = {
     "tfd.Poisson": "tensorflow_probability/python/internal/backend/jax/ops.py:341",
     "tfd.StudentT": "tensorflow_probability/python/internal/backend/jax/ops.py:408",
 }
+
+
+# numpyro distributions whose `__init__` builds other distributions from the
+# arguments, whose own checks reject them (Wishart's `WishartCholesky`,
+# `LKJCholesky`'s `Beta`, ...): name -> (class, valid kwargs, rejected kwargs).
+# Found by the red team of the compiled numpyro check. (Their builds mix dtypes:
+# run them under standard promotion.)
+_L3 = jnp.array([[1.2, 0.0, 0.0], [0.3, 0.9, 0.0], [-0.4, 0.2, 1.1]])
+_S3 = _L3 @ _L3.T
+_NOT_PD = _S3.at[0, 0].set(-1.0)  # symmetric, negative first diagonal entry
+_BAD_CHOL = jnp.eye(2).at[0, 0].set(-1.0)  # neither a correlation Cholesky factor
+_COPULA = dict(concentration1=jnp.ones(2), concentration0=jnp.ones(2))
+NUMPYRO_INNER_CHECKS: dict[str, tuple[type, dict, dict]] = {
+    "Wishart scale_matrix": (
+        nd.Wishart,
+        dict(concentration=a(5.0), scale_matrix=_S3),
+        dict(concentration=a(5.0), scale_matrix=_NOT_PD),
+    ),
+    "Wishart scale_tril": (
+        nd.Wishart,
+        dict(concentration=a(5.0), scale_tril=_L3),
+        dict(concentration=a(5.0), scale_tril=_L3.at[0, 0].set(-1.0)),
+    ),
+    "Wishart rate_matrix": (
+        nd.Wishart,
+        dict(concentration=a(5.0), rate_matrix=_S3),
+        dict(concentration=a(5.0), rate_matrix=_NOT_PD),
+    ),
+    "InverseWishart scale_matrix": (
+        nd.InverseWishart,
+        dict(concentration=a(5.0), scale_matrix=_S3),
+        dict(concentration=a(5.0), scale_matrix=_NOT_PD),
+    ),
+    "GaussianCopulaBeta correlation_cholesky": (
+        nd.GaussianCopulaBeta,
+        _COPULA | dict(correlation_cholesky=jnp.eye(2)),
+        _COPULA | dict(correlation_cholesky=_BAD_CHOL),
+    ),
+    "GaussianCopulaBeta correlation_matrix": (
+        nd.GaussianCopulaBeta,
+        _COPULA | dict(correlation_matrix=jnp.eye(2)),
+        _COPULA | dict(correlation_matrix=_BAD_CHOL),
+    ),
+    "NegativeBinomialLogits logits=100": (  # the rate exp(-100) is 0 in float32
+        nd.NegativeBinomialLogits,
+        dict(total_count=a(3.0), logits=a(1.0)),
+        dict(total_count=a(3.0), logits=a(100.0)),
+    ),
+    "NegativeBinomialProbs probs=-0.0": (
+        nd.NegativeBinomialProbs,
+        dict(total_count=a(3.0), probs=a(0.3)),
+        dict(total_count=a(3.0), probs=a(-0.0)),
+    ),
+    "RelaxedBernoulliLogits temperature=inf": (  # Logistic scale 1/inf = 0
+        nd.RelaxedBernoulliLogits,
+        dict(temperature=a(1.0), logits=a(2.0)),
+        dict(temperature=a(jnp.inf), logits=a(2.0)),
+    ),
+    "LKJCholesky concentration=1e-10": (
+        nd.LKJCholesky,
+        dict(dimension=3, concentration=a(1.0)),
+        dict(dimension=3, concentration=a(1e-10)),
+    ),
+    "LKJ concentration=1e-10": (
+        nd.LKJ,
+        dict(dimension=3, concentration=a(1.0)),
+        dict(dimension=3, concentration=a(1e-10)),
+    ),
+    "GaussianStateSpace covariance_matrix=inf": (
+        nd.GaussianStateSpace,
+        dict(
+            num_steps=3,
+            transition_matrix=0.5 * jnp.eye(2),
+            covariance_matrix=jnp.eye(2),
+        ),
+        dict(
+            num_steps=3,
+            transition_matrix=0.5 * jnp.eye(2),
+            covariance_matrix=jnp.eye(2).at[0, 0].set(jnp.inf),
+        ),
+    ),
+}

@@ -2,6 +2,7 @@
 interface for other modules (`wrap_instance`, `event_ndims_in`, `is_raw_*`), numpyro as
 an optional third family, and pins on every private upstream API relied upon."""
 
+import functools
 import inspect
 import io
 import re
@@ -153,34 +154,40 @@ def _bad_values(x):
         yield x.at[(0,) * x.ndim].set(bad)
 
 
+def _numpyro_rejects(build):
+    try:
+        build()
+    except ValueError:
+        return True
+    return False
+
+
+def _traced_rejects(family, cls, kwargs):
+    arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
+    static = {k: v for k, v in kwargs.items() if k not in arrays}
+    checks = jax.jit(lambda a: family.traced_checks(cls(**static, **a)))(arrays)
+    return not bool(np.all(checks))
+
+
 def test_pin_numpyro_traced_checks_are_validate_args():
-    # `_Numpyro.traced_checks` makes numpyro's `Distribution.validate_args` test
-    # under a trace: `arg_constraints` of what `get_args` lists, dependent ones
-    # skipped. It must accept exactly what numpyro's own eager check accepts, for
-    # every numpyro distribution of the conformance cases and bad values of each
-    # float argument. The built objects are checked directly (not through
-    # `FixedDistrax`).
+    # `_Numpyro.traced_checks` makes numpyro's construction-time value checks
+    # under a trace: `Distribution.validate_args`'s test (`arg_constraints` of
+    # what `get_args` lists, dependent ones skipped), for the object and every
+    # distribution it holds. A numpyro build from concrete arrays must raise
+    # exactly when that says invalid: for every numpyro distribution of the
+    # conformance cases, with bad values of each float argument (the objects are
+    # built directly, not through `FixedDistrax`).
     import _cases
-    import numpyro
 
     family = _families._Numpyro()
 
     def traced(make):  # one compiled check per case
         return jax.jit(lambda p: family.traced_checks(make(p, _cases.RAW)))
 
-    def eager_ok(make, params):  # the built object's own check (not nested ones')
-        with numpyro.validation_enabled(False):
-            obj = make(params, _cases.RAW)
-        try:
-            obj.validate_args()
-        except ValueError:
-            return False
-        return True
-
     compared = rejected = 0
     for name, case in _cases.NUMPYRO_DISTRIBUTIONS.items():
         obj = case.make(case.params, _cases.RAW)
-        assert family.checks_traced(type(obj), {}), name
+        assert family.trace_settings(type(obj), {}) is not None, name
         check = traced(case.make)
         assert bool(np.all(check(case.params))), name
         for key, x in case.params.items():
@@ -188,20 +195,89 @@ def test_pin_numpyro_traced_checks_are_validate_args():
                 continue
             for bad in _bad_values(x):
                 params = case.params | {key: bad}
-                want = eager_ok(case.make, params)
-                assert bool(np.all(check(params))) == want, (name, key, bad)
+                want = _numpyro_rejects(lambda p=params, m=case.make: m(p, _cases.RAW))
+                assert (not bool(np.all(check(params)))) == want, (name, key, bad)
                 compared += 1
-                rejected += not want
+                rejected += want
     assert compared > 100 and rejected > 50, (compared, rejected)
-    # A class that overrides `validate_args` is checked eagerly.
+
+
+@pytest.mark.standard_promotion("numpyro's Wishart/copula/LKJ builds mix dtypes")
+def test_pin_numpyro_traced_checks_include_distributions_built_by_init():
+    # Classes whose `__init__` builds other distributions whose own checks
+    # reject the arguments (red team): found among the held distributions.
+    import _cases
+
+    family = _families._Numpyro()
+    for name, (cls, good, bad) in _cases.NUMPYRO_INNER_CHECKS.items():
+        assert not _numpyro_rejects(functools.partial(cls, **good)), name
+        assert not _traced_rejects(family, cls, good), name
+        assert _numpyro_rejects(functools.partial(cls, **bad)), name
+        assert _traced_rejects(family, cls, bad), name
+
+
+@pytest.mark.standard_promotion("numpyro's Wishart/copula/LKJ builds mix dtypes")
+def test_pin_numpyro_checks_only_distributions_it_holds(monkeypatch):
+    # The traced check finds the distributions a build checks among those the
+    # built object holds. Pinned: every distribution numpyro validates while
+    # building (watched through `Distribution.validate_args`, numpyro's own
+    # method still run) is held by the result, or is a copy (same class and
+    # arguments) of one held: a temporary one would escape the traced check.
+    import _cases
+
+    checked = []
+    validate = nd.Distribution.validate_args
+
+    def watched(self, strict=True):
+        checked.append(self)
+        return validate(self, strict)
+
+    monkeypatch.setattr(nd.Distribution, "validate_args", watched)
+    builds = [
+        functools.partial(case.make, case.params, _cases.RAW)
+        for case in _cases.NUMPYRO_DISTRIBUTIONS.values()
+    ] + [
+        functools.partial(cls, **good)
+        for cls, good, _ in _cases.NUMPYRO_INNER_CHECKS.values()
+    ]
+
+    def same(a, b):
+        if type(a) is not type(b) or a.get_args().keys() != b.get_args().keys():
+            return False
+        return all(
+            np.array_equal(a.get_args()[k], b.get_args()[k]) for k in a.get_args()
+        )
+
+    for build in builds:
+        checked.clear()
+        obj = build()
+        held = _families._held_distributions(obj, nd.Distribution)
+        for d in checked:
+            assert any(d is h or same(d, h) for h in held), (type(obj), type(d))
+    assert len(builds) > 30
+
+
+def test_pin_numpyro_trace_settings():
+    # The compiled check runs only where numpyro validates (the argument, else
+    # the global default, which is part of the key), and a held distribution
+    # overriding `validate_args` cannot be checked under a trace.
+    import numpyro
+
+    family = _families._Numpyro()
+    assert family.trace_settings(nd.Normal, {}) is not None
+    assert family.trace_settings(nd.Normal, {"validate_args": False}) is None
+    assert family.trace_settings(nt.AffineTransform, {}) is None
+    with numpyro.validation_enabled(False):
+        assert family.trace_settings(nd.Normal, {}) is None
+        on = family.trace_settings(nd.Normal, {"validate_args": True})
+    assert on is not None and on != family.trace_settings(nd.Normal, {})
 
     class Checked(nd.Normal):
         def validate_args(self, strict=True):
             super().validate_args(strict)
 
-    assert not family.checks_traced(Checked, {})
-    assert not family.checks_traced(nd.Normal, {"validate_args": False})
-    assert not family.checks_traced(nt.AffineTransform, {})
+    assert family.traced_checks(Checked(0.0, 1.0)) is None
+    assert _families._held_distributions(Checked(0.0, 1.0), nd.Distribution)
 
 
 # --- thread safety ------------------------------------------------------------
