@@ -277,19 +277,21 @@ class Family(abc.ABC):
         caches that). Conservatively `True`."""
         return True
 
-    def trace_settings(self, cls: type, static: dict[str, Any]) -> Any:
-        """If building `cls` with these static arguments checks values now (with
-        the library's current settings) by a test `traced_checks` can make under
-        a trace: those settings, hashable (part of the compiled check's key).
-        `None` otherwise, the default: the build is then checked eagerly."""
-        return None
+    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
+        """Whether building `cls` with these static arguments checks values now
+        (with the library's current settings) by a test `traced_checks` can make
+        under a trace. `False` by default: the build is checked eagerly."""
+        return False
 
     def traced_checks(self, obj: Any) -> Any:
-        """For `obj` built from traced arrays (in `jax.jit`) of a class with
-        `trace_settings`: whether the value checks its library makes when
-        building it from concrete arrays pass, as a traced boolean vector; or
-        `None` if they cannot be made under a trace. One compiled call then
-        checks a build, where the library runs one eager op per test."""
+        """For `obj` built from traced arrays (in `jax.jit`) of a class that
+        `checks_traced`: whether the value checks its library makes when
+        building it from concrete arrays pass, as a traced boolean vector (a
+        superset of them will do: a pass is then a pass, and a failure is
+        checked eagerly); or `None` if they cannot be made under a trace. One
+        compiled call then checks a build, where the library runs one eager op
+        per test. Must not depend on the library's settings, which may change
+        between the trace and a later call."""
         return None
 
     # --- calling: the uniform method set
@@ -479,6 +481,11 @@ class _Numpyro(Family):
     def bijector_base(self) -> type:
         return require_numpyro().transforms.Transform
 
+    def static_floats(self, cls: type) -> frozenset[str]:
+        if issubclass(cls, require_numpyro().transforms.DiscreteCosineTransform):
+            return frozenset({"smooth"})  # `float(smooth)` when built
+        return frozenset()
+
     def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
         # Distributions validate their arguments unless told not to (numpyro's
         # default is on); transforms never do.
@@ -494,19 +501,15 @@ class _Numpyro(Family):
         # numpyro's global default (`numpyro.enable_validation`) when not given.
         return self.is_distribution_class(type(obj)) and bool(obj._validate_args)
 
-    def trace_settings(self, cls: type, static: dict[str, Any]) -> Any:
+    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
         # Validation on: the `validate_args` argument, else numpyro's global
-        # default (`numpyro.enable_validation`), which is also the setting of
-        # the distributions `__init__` builds without passing it on.
+        # default (`numpyro.enable_validation`).
         if not self.is_distribution_class(cls):
-            return None
-        default = require_numpyro().Distribution._validate_args
+            return False
         validate = static.get("validate_args")
-        return (
-            ("validate", bool(default))
-            if (default if validate is None else validate)
-            else None
-        )
+        if validate is None:
+            validate = require_numpyro().Distribution._validate_args
+        return bool(validate)
 
     def traced_checks(self, obj: Any) -> Any:
         # numpyro checks values in `Distribution.validate_args`, called by
@@ -514,14 +517,13 @@ class _Numpyro(Family):
         # `get_args` lists against its `arg_constraints` entry, dependent ones
         # skipped. Made here for `obj` and every distribution it holds, as built
         # by its `__init__` (`Wishart`'s `WishartCholesky`, `LKJCholesky`'s
-        # `Beta`...), each if its own validation is on; `None` if one of them
-        # overrides `validate_args`.
+        # `Beta`...), whether or not its validation is on (read under the trace,
+        # that may be another thread's setting of the moment); `None` if one of
+        # them overrides `validate_args`.
         nd = require_numpyro()
         is_dependent = nd.constraints.is_dependent
         checks = []
         for d in _held_distributions(obj, nd.Distribution):
-            if not d._validate_args:
-                continue
             if type(d).validate_args is not nd.Distribution.validate_args:
                 return None
             checks += [

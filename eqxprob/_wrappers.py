@@ -233,9 +233,10 @@ def _validation_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
     return key
 
 
-# Classes (with their static arguments) that failed to build under the trace
-# of their check where the eager build passed: they need concrete values, or a
-# distribution they hold overrides the library's check.
+# Keys of builds (see `_traced_key`) seen once, and of builds that failed to
+# build under the trace of their check where the eager build passed (they need
+# concrete values, or a distribution they hold overrides the library's check).
+_SEEN: set = set()
 _UNTRACEABLE: set = set()
 
 
@@ -243,38 +244,47 @@ class _Untraceable(Exception):
     """Building failed under the trace of `_traced_checks`."""
 
 
-def _traceable(cls: type, static: _Static, dynamic: dict[str, Any]) -> bool:
-    """Whether a build whose family checks it under a trace may be checked by one
-    compiled call (`_traced_verdict`): its static arguments hash, it did not fail
-    to build under that trace before, and every argument is a concrete JAX array
-    (not traced, not NumPy) or a wrapper whose values were checked when built
-    (or that checks none) and holds only concrete JAX arrays."""
-    try:
-        if (cls, static) in _UNTRACEABLE:
-            return False
-    except TypeError:  # an unhashable static argument (a numpyro constraint)
-        return False
+def _traced_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
+    """For a build whose family checks it under a trace: the key of its compiled
+    check (`_traced_verdict`), if that may run. It may if the class, static
+    arguments and nested wrappers' structure hash, were seen before (a build
+    seen once is checked eagerly: static arguments made afresh per build, a
+    `lambda` say, would compile a check per build), and did not fail to build
+    under that trace before; and if every argument is a concrete JAX array (not
+    traced, not NumPy) or a wrapper whose values were checked when built (or
+    that checks none) and holds only concrete JAX arrays. `None` otherwise."""
+    nested = False
     for x in jtu.tree_leaves(list(dynamic.values()), is_leaf=_is_wrapper):
         if type(x) is CONCRETE:
             continue
         hit = _checked_build(x) if _is_wrapper(x) else None
         if hit is None or (hit.checks and not hit.values):
-            return False
+            return None
         if not all(type(y) is CONCRETE for y in jtu.tree_leaves(x)):
-            return False
-    return True
+            return None
+        nested = True
+    key = (cls, static, jtu.tree_structure(dynamic) if nested else None)
+    try:
+        if key in _UNTRACEABLE:
+            return None
+        if key not in _SEEN:
+            if len(_SEEN) >= _VALIDATED_SIZE:  # simply emptied when full
+                _SEEN.clear()
+            _SEEN.add(key)
+            return None
+    except TypeError:  # an unhashable static argument (a numpyro constraint)
+        return None
+    return key
 
 
-def _traced_verdict(
-    cls: type, settings: Any, static: _Static, dynamic: dict[str, Any]
-) -> bool | None:
+def _traced_verdict(key: Any, dynamic: dict[str, Any]) -> bool | None:
     """The library's value check as one compiled call (~6 µs where numpyro's
     eager check takes ~60 µs): `True` if it passes; `None` if the build fails
     under its trace; `False` if it fails, or cannot run here (under an outer
     trace, arguments on several devices...). Unless `True`, the build is then
     checked eagerly, which raises the library's error."""
     try:
-        result = _traced_checks((cls, static, settings), dynamic)
+        result = _traced_checks(key, dynamic)
     except _Untraceable:
         return None
     except Exception:
@@ -285,8 +295,8 @@ def _traced_verdict(
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _traced_checks(parts: tuple[type, _Static, Any], dynamic: dict[str, Any]) -> Any:
-    cls, static, _ = parts  # (the library's settings: part of the key only)
+def _traced_checks(key: tuple[type, _Static, Any], dynamic: dict[str, Any]) -> Any:
+    cls, static, _ = key
     family = _family(cls)
     try:
         built = _build(_make(cls, static, dynamic), False)
@@ -621,8 +631,9 @@ class FixedDistrax(eqx.Module):
     and any build with integer array arguments (shapes and counts). A numpyro
     distribution is checked by numpyro's own test of its arguments (and of the
     distributions it builds from them), run as one compiled call per class and
-    shapes (the first build of new shapes compiles it); the object is built
-    eagerly only to raise numpyro's error, or where the test cannot be traced.
+    shapes from the second build of a class and static arguments on (the first
+    build of new shapes compiles it); the object is built eagerly only to raise
+    numpyro's error, or where the test cannot be traced.
 
     No call mutates process-wide state, so wrappers may be used from several
     threads at once (see `eqxprob/_families.py` on TFP's bijector cache).
@@ -699,10 +710,15 @@ class FixedDistrax(eqx.Module):
         if key is not None and key in _VALIDATED:
             _mark_checked(self, plain, False, checks)
             return
-        settings = family.trace_settings(cls, dict(static.static)) if checks else None
+        traced = (
+            checks
+            and plain
+            and family.checks_traced(cls, dict(static.static))
+            and _traced_key(cls, static, dynamic)
+        )
         untraceable = False
-        if settings is not None and plain and _traceable(cls, static, dynamic):
-            verdict = _traced_verdict(cls, settings, static, dynamic)
+        if traced:
+            verdict = _traced_verdict(traced, dynamic)
             if verdict:
                 _mark_checked(self, plain, True, checks)
                 return
@@ -731,7 +747,7 @@ class FixedDistrax(eqx.Module):
         if untraceable:  # the library builds eagerly what fails under a trace
             if len(_UNTRACEABLE) >= _VALIDATED_SIZE:
                 _UNTRACEABLE.clear()
-            _UNTRACEABLE.add((cls, static))
+            _UNTRACEABLE.add(traced)
         # Values checked for good only if they cannot change: no NumPy array.
         values = family.validated(built) and not any(
             isinstance(x, np.ndarray) for x in jtu.tree_leaves(dynamic)

@@ -187,7 +187,7 @@ def test_pin_numpyro_traced_checks_are_validate_args():
     compared = rejected = 0
     for name, case in _cases.NUMPYRO_DISTRIBUTIONS.items():
         obj = case.make(case.params, _cases.RAW)
-        assert family.trace_settings(type(obj), {}) is not None, name
+        assert family.checks_traced(type(obj), {}), name
         check = traced(case.make)
         assert bool(np.all(check(case.params))), name
         for key, x in case.params.items():
@@ -257,20 +257,19 @@ def test_pin_numpyro_checks_only_distributions_it_holds(monkeypatch):
     assert len(builds) > 30
 
 
-def test_pin_numpyro_trace_settings():
+def test_pin_numpyro_checks_traced():
     # The compiled check runs only where numpyro validates (the argument, else
-    # the global default, which is part of the key), and a held distribution
-    # overriding `validate_args` cannot be checked under a trace.
+    # the global default), and a held distribution overriding `validate_args`
+    # cannot be checked under a trace.
     import numpyro
 
     family = _families._Numpyro()
-    assert family.trace_settings(nd.Normal, {}) is not None
-    assert family.trace_settings(nd.Normal, {"validate_args": False}) is None
-    assert family.trace_settings(nt.AffineTransform, {}) is None
+    assert family.checks_traced(nd.Normal, {})
+    assert not family.checks_traced(nd.Normal, {"validate_args": False})
+    assert not family.checks_traced(nt.AffineTransform, {})
     with numpyro.validation_enabled(False):
-        assert family.trace_settings(nd.Normal, {}) is None
-        on = family.trace_settings(nd.Normal, {"validate_args": True})
-    assert on is not None and on != family.trace_settings(nd.Normal, {})
+        assert not family.checks_traced(nd.Normal, {})
+        assert family.checks_traced(nd.Normal, {"validate_args": True})
 
     class Checked(nd.Normal):
         def validate_args(self, strict=True):

@@ -1,6 +1,7 @@
 """`FixedDistrax` beyond the conformance matrix: method uniformity, the float policy,
 bad inputs, and training."""
 
+import functools
 import io
 import re
 import threading
@@ -760,6 +761,7 @@ def test_numpyro_check_compiles_once_per_class_and_shapes():
     def compiled():
         return _wrappers._traced_checks._cache_size()
 
+    ep.FixedDistrax(nd.Gumbel, jnp.zeros(6), jnp.ones(6))  # seen once: eager
     ep.FixedDistrax(nd.Gumbel, jnp.zeros(7), jnp.ones(7))
     before = compiled()
     ep.FixedDistrax(nd.Gumbel, jnp.ones(7), 2 * jnp.ones(7))
@@ -799,12 +801,12 @@ def test_numpyro_class_that_cannot_be_traced_is_checked_eagerly():
 
     from eqxprob import _wrappers
 
-    for _ in range(2):  # the second build knows the trace fails
+    for _ in range(3):  # seen, then the trace fails, then known to fail
         d = ep.FixedDistrax(Concrete, jnp.zeros(2), jnp.ones(2))
         _close(d.log_prob(X[:2]), nd.Normal(0.0, 1.0).log_prob(X[:2]))
         with pytest.raises(ValueError, match="Concrete rejected.*invalid scale"):
             ep.FixedDistrax(Concrete, jnp.zeros(2), -jnp.ones(2))
-        assert any(cls is Concrete for cls, _ in _wrappers._UNTRACEABLE)
+    assert any(key[0] is Concrete for key in _wrappers._UNTRACEABLE)
 
 
 def test_numpyro_check_follows_the_validation_setting():
@@ -920,6 +922,7 @@ def test_numpyro_build_inside_a_transformation_keeps_the_compiled_check(transfor
 
     n = {"jit": 13, "scan": 15}[transform]
     loc, scale = jnp.zeros(n), jnp.ones(n)  # concrete, closed over
+    ep.FixedDistrax(nd.Laplace, jnp.zeros(2), jnp.ones(2))  # seen once
 
     def log_prob(x):
         return ep.FixedDistrax(nd.Laplace, loc, scale).log_prob(x)
@@ -930,10 +933,131 @@ def test_numpyro_build_inside_a_transformation_keeps_the_compiled_check(transfor
     else:
         got = jax.lax.scan(lambda c, x: (c, log_prob(x)), 0.0, x[None])[1][0]
     _close(got, nd.Laplace(loc, scale).log_prob(x))
-    assert not any(k[0] is nd.Laplace for k in _wrappers._UNTRACEABLE)
+    assert not any(key[0] is nd.Laplace for key in _wrappers._UNTRACEABLE)
     before = _wrappers._traced_checks._cache_size()
     ep.FixedDistrax(nd.Laplace, jnp.zeros(n + 1), jnp.ones(n + 1))
     assert _wrappers._traced_checks._cache_size() == before + 1
+
+
+def test_numpyro_validation_toggled_in_another_thread_leaves_no_stale_check():
+    # Red team: the compiled check read numpyro's global setting under its
+    # trace, so another thread turning validation off meanwhile left a check
+    # that passed anything, cached for good. It no longer reads it: after the
+    # toggling, every invalid build is rejected, as raw numpyro rejects it.
+    import sys
+    import time
+
+    shapes = [(k, 3) for k in range(61, 73)]
+    stop = threading.Event()
+    was, interval = nd.Distribution._validate_args, sys.getswitchinterval()
+
+    def toggle():
+        on = True
+        while not stop.is_set():
+            on = not on
+            numpyro.enable_validation(on)
+            time.sleep(0)
+
+    def build():
+        for s in shapes:
+            try:  # (racy here, as numpyro's own outcome would be)
+                ep.FixedDistrax(nd.Normal, jnp.zeros(s), jnp.ones(s))
+            except ValueError:
+                pass
+
+    sys.setswitchinterval(1e-6)
+    toggler, builder = threading.Thread(target=toggle), threading.Thread(target=build)
+    try:
+        toggler.start()
+        builder.start()
+        builder.join()
+    finally:
+        stop.set()
+        toggler.join()
+        sys.setswitchinterval(interval)
+        numpyro.enable_validation(True)
+    try:
+        for s in shapes:
+            loc, bad = jnp.zeros(s), -jnp.ones(s)
+            raw = functools.partial(nd.Normal, loc, bad)
+            assert _outcome(raw) == "rejected"  # the reference
+            got = _outcome(functools.partial(ep.FixedDistrax, nd.Normal, loc, bad))
+            assert got == "rejected", s
+    finally:
+        numpyro.enable_validation(was)
+
+
+@pytest.mark.standard_promotion("numpyro's EulerMaruyama/Independent builds mix dtypes")
+def test_numpyro_fresh_callable_arguments_compile_no_check_per_build():
+    # A callable argument is static, so part of the check's key: a `lambda` made
+    # afresh per build would compile a check per build (~40 ms, red team). A
+    # build seen once is checked eagerly, so none is compiled.
+    from eqxprob import _wrappers
+
+    t = jnp.linspace(0.0, 1.0, 7)
+    init = ep.FixedDistrax(
+        nd.Independent, ep.FixedDistrax(nd.Normal, jnp.zeros(3), jnp.ones(3)), 1
+    )
+
+    def drift(a):
+        return lambda x, t: (a * x, jnp.ones_like(x))
+
+    before = _wrappers._traced_checks._cache_size()
+    for i in range(4):
+        ep.FixedDistrax(nd.EulerMaruyama, t, drift(float(i)), init)
+    assert _wrappers._traced_checks._cache_size() == before
+    f = drift(2.0)  # the same function twice: compiled on the second build
+    ep.FixedDistrax(nd.EulerMaruyama, t, f, init)
+    ep.FixedDistrax(nd.EulerMaruyama, t, f, init)
+    assert _wrappers._traced_checks._cache_size() == before + 1
+
+
+def test_numpyro_untraceable_nested_wrapper_marks_only_its_structure():
+    # Red team: one TransformedDistribution over a transform that needed a
+    # concrete value when built marked TransformedDistribution itself as
+    # untraceable, for every later one. The mark is keyed by the nested
+    # wrappers' structure too.
+    from eqxprob import _wrappers
+
+    class Concrete(nd.transforms.AffineTransform):  # reads a value when built
+        def __init__(self, loc, scale):
+            self.scale_was = float(jnp.max(scale))
+            super().__init__(loc, scale)
+
+    Concrete.__module__ = "numpyro.user"  # (the family owns numpyro's modules)
+
+    def transformed(k, transform):
+        normal = ep.FixedDistrax(nd.Normal, jnp.zeros(k), jnp.ones(k))
+        base = ep.FixedDistrax(nd.Independent, normal, 1)
+        return ep.FixedDistrax(nd.TransformedDistribution, base, transform)
+
+    def compiled(k, transform):
+        before = _wrappers._traced_checks._cache_size()
+        transformed(k, transform)
+        return _wrappers._traced_checks._cache_size() - before
+
+    exp = ep.FixedDistrax(nd.transforms.ExpTransform)
+    odd = ep.FixedDistrax(Concrete, jnp.array(0.0), jnp.array(2.0))
+    for k in (130, 131):  # seen once, then traced
+        transformed(k, exp)
+        transformed(k, odd)
+    assert any(key[0] is nd.TransformedDistribution for key in _wrappers._UNTRACEABLE)
+    # Normal, Independent, TransformedDistribution over ExpTransform: compiled.
+    assert compiled(132, exp) == 3
+    x = jnp.array([[0.5, 1.0]])
+    raw = nd.TransformedDistribution(
+        nd.Independent(nd.Normal(jnp.zeros(2), jnp.ones(2)), 1),
+        nd.transforms.AffineTransform(jnp.array(0.0), jnp.array(2.0)),
+    )
+    _close(transformed(2, odd).log_prob(x), raw.log_prob(x))
+
+
+def test_numpyro_discrete_cosine_transform_keeps_smooth_a_float():
+    # Its `__init__` calls `float(smooth)`: an array there fails under `jax.jit`.
+    t = ep.FixedDistrax(nd.transforms.DiscreteCosineTransform, smooth=1.0)
+    x = jnp.array([0.3, -0.2, 0.5])
+    raw = nd.transforms.DiscreteCosineTransform(smooth=1.0)
+    _close(jax.jit(lambda t, x: t.forward(x))(t, x), raw(x))
 
 
 def test_construction_from_eight_threads_checks_and_binds_like_one_thread():
