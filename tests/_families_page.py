@@ -48,6 +48,7 @@ on them in Python: those stay static and are listed here.
 | family | class | argument kept a static float |
 | --- | --- | --- |
 | distrax | `RationalQuadraticSpline` | `range_min`, `range_max`, `min_bin_size` |
+| numpyro | `transforms.DiscreteCosineTransform` | `smooth` |
 
 Everywhere: a raw distribution or bijector instance as an *argument* is rejected
 (its arrays would be hidden from JAX): wrap it too, `FixedDistrax(distrax.Normal,
