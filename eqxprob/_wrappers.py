@@ -201,9 +201,19 @@ def _checked_build(wrapper: FixedDistrax) -> _Mark | None:
     return hit if hit is not None and hit() is wrapper else None
 
 
+# The module's caches (`_VALIDATED`, `_SEEN`, `_UNTRACEABLE`, `_CHECKED`,
+# `_BINDINGS`) are bounded: each is simply emptied when full.
+_CACHE_SIZE = 4096
+
+
+def _room(cache: set | dict) -> None:
+    """Make room for one more entry in a module cache (emptied when full)."""
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+
+
 # Keys of builds that passed validation (see `_validation_key`).
 _VALIDATED: set = set()
-_VALIDATED_SIZE = 4096
 
 
 def _validation_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
@@ -253,23 +263,22 @@ def _traced_key(cls: type, static: _Static, dynamic: dict[str, Any]) -> Any:
     under that trace before; and if every argument is a concrete JAX array (not
     traced, not NumPy) or a wrapper whose values were checked when built (or
     that checks none) and holds only concrete JAX arrays. `None` otherwise."""
+    leaves, structure = jtu.tree_flatten(dynamic)
+    if not all(type(x) is CONCRETE for x in leaves):
+        return None
     nested = False
     for x in jtu.tree_leaves(list(dynamic.values()), is_leaf=_is_wrapper):
-        if type(x) is CONCRETE:
-            continue
-        hit = _checked_build(x) if _is_wrapper(x) else None
-        if hit is None or (hit.checks and not hit.values):
-            return None
-        if not all(type(y) is CONCRETE for y in jtu.tree_leaves(x)):
-            return None
-        nested = True
-    key = (cls, static, jtu.tree_structure(dynamic) if nested else None)
+        if _is_wrapper(x):
+            hit = _checked_build(x)
+            if hit is None or (hit.checks and not hit.values):
+                return None
+            nested = True
+    key = (cls, static, structure if nested else None)  # (None: hashes faster)
     try:
         if key in _UNTRACEABLE:
             return None
         if key not in _SEEN:
-            if len(_SEEN) >= _VALIDATED_SIZE:  # simply emptied when full
-                _SEEN.clear()
+            _room(_SEEN)
             _SEEN.add(key)
             return None
     except TypeError:  # an unhashable static argument (a numpyro constraint)
@@ -340,7 +349,6 @@ class _Static:
 
 
 _CHECKED: dict[type, Family] = {}  # classes that passed `_check_class`
-_CACHE_SIZE = 4096  # of `_CHECKED` and `_BINDINGS`
 
 
 def _check_class(cls: Any) -> Family:
@@ -373,8 +381,7 @@ def _check_class(cls: Any) -> Family:
         raise TypeError(
             f"FixedDistrax({cls.__name__}): {family.qualname(cls)} {reason}."
         )
-    if len(_CHECKED) >= _CACHE_SIZE:  # simply emptied when full
-        _CHECKED.clear()
+    _room(_CHECKED)
     _CHECKED[cls] = family
     return family
 
@@ -401,8 +408,7 @@ def _bind(family: Family, cls: type, args: tuple, kwargs: dict) -> dict[str, Any
     parameters = signature.parameters
     if all(p.kind in _NAMED for p in parameters.values()):
         positional = list(parameters)[: len(args)]
-        if len(_BINDINGS) >= _CACHE_SIZE:  # simply emptied when full
-            _BINDINGS.clear()
+        _room(_BINDINGS)
         _BINDINGS[key] = tuple(
             (n, positional.index(n) if n in positional else n) for n in arguments
         )
@@ -741,12 +747,10 @@ class FixedDistrax(eqx.Module):
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
             raise error(message) from e
         if key is not None:
-            if len(_VALIDATED) >= _VALIDATED_SIZE:  # simply emptied when full
-                _VALIDATED.clear()
+            _room(_VALIDATED)
             _VALIDATED.add(key)
         if untraceable:  # the library builds eagerly what fails under a trace
-            if len(_UNTRACEABLE) >= _VALIDATED_SIZE:
-                _UNTRACEABLE.clear()
+            _room(_UNTRACEABLE)
             _UNTRACEABLE.add(traced)
         # Values checked for good only if they cannot change: no NumPy array.
         values = family.validated(built) and not any(

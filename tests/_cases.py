@@ -685,26 +685,21 @@ _S3 = _L3 @ _L3.T
 _NOT_PD = _S3.at[0, 0].set(-1.0)  # symmetric, negative first diagonal entry
 _BAD_CHOL = jnp.eye(2).at[0, 0].set(-1.0)  # neither a correlation Cholesky factor
 _COPULA = dict(concentration1=jnp.ones(2), concentration0=jnp.ones(2))
+
+
+def _wishart(cls: type, name: str, good: jax.Array, bad: jax.Array) -> tuple:
+    five = dict(concentration=a(5.0))
+    return cls, five | {name: good}, five | {name: bad}
+
+
 NUMPYRO_INNER_CHECKS: dict[str, tuple[type, dict, dict]] = {
-    "Wishart scale_matrix": (
-        nd.Wishart,
-        dict(concentration=a(5.0), scale_matrix=_S3),
-        dict(concentration=a(5.0), scale_matrix=_NOT_PD),
+    "Wishart scale_matrix": _wishart(nd.Wishart, "scale_matrix", _S3, _NOT_PD),
+    "Wishart scale_tril": _wishart(
+        nd.Wishart, "scale_tril", _L3, _L3.at[0, 0].set(-1.0)
     ),
-    "Wishart scale_tril": (
-        nd.Wishart,
-        dict(concentration=a(5.0), scale_tril=_L3),
-        dict(concentration=a(5.0), scale_tril=_L3.at[0, 0].set(-1.0)),
-    ),
-    "Wishart rate_matrix": (
-        nd.Wishart,
-        dict(concentration=a(5.0), rate_matrix=_S3),
-        dict(concentration=a(5.0), rate_matrix=_NOT_PD),
-    ),
-    "InverseWishart scale_matrix": (
-        nd.InverseWishart,
-        dict(concentration=a(5.0), scale_matrix=_S3),
-        dict(concentration=a(5.0), scale_matrix=_NOT_PD),
+    "Wishart rate_matrix": _wishart(nd.Wishart, "rate_matrix", _S3, _NOT_PD),
+    "InverseWishart scale_matrix": _wishart(
+        nd.InverseWishart, "scale_matrix", _S3, _NOT_PD
     ),
     "GaussianCopulaBeta correlation_cholesky": (
         nd.GaussianCopulaBeta,
