@@ -34,7 +34,7 @@ import optax
 from jax.extend.core import Literal
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from ._hashing import _LIBRARIES, Keyed
+from ._hashing import remembered
 from ._parameter import trainable
 
 
@@ -108,8 +108,8 @@ class _Problem:
     __slots__ = ("loss", "optimiser", "batch_size", "rows", "takes_key", "_k")
 
     def __init__(self, loss_fn, optimiser, batch_size, rows, takes_key):
-        self.loss = Keyed(loss_fn)
-        self.optimiser = _keyed_optimiser(optimiser)
+        self.loss = remembered(loss_fn)
+        self.optimiser = remembered(optimiser)
         self.batch_size, self.rows, self.takes_key = batch_size, rows, takes_key
         self._k = (self.loss, self.optimiser, batch_size, rows, takes_key)
 
@@ -118,53 +118,6 @@ class _Problem:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Problem) and self._k == other._k
-
-
-_OPTIMISERS: dict[int, tuple[Any, Keyed]] = {}  # id -> (optimiser, its key)
-
-
-def _keyed_optimiser(optimiser: Any) -> Keyed:
-    """`Keyed(optimiser)`, remembered by identity for an optimiser built from
-    library code and immutable values only (`optax.adam(1e-3)`, chains, L-BFGS),
-    whose key cannot change: ~40 µs a call saved. Anything else (a schedule of the
-    user's own code, a list of boundaries) is keyed afresh at every call."""
-    hit = _OPTIMISERS.get(id(optimiser))
-    if hit is not None and hit[0] is optimiser:
-        return hit[1]
-    keyed = Keyed(optimiser)
-    if _frozen(optimiser, 0):
-        if len(_OPTIMISERS) >= 64:
-            del _OPTIMISERS[next(iter(_OPTIMISERS))]
-        _OPTIMISERS[id(optimiser)] = (optimiser, keyed)  # holds it: ids stay unique
-    return keyed
-
-
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, np.dtype, type)
-
-
-def _frozen(x: Any, depth: int) -> bool:
-    """Whether `x` is made of immutable values and library functions whose
-    closures and defaults are too (so its structural key is fixed)."""
-    if depth > 32:
-        return False
-    if isinstance(x, _IMMUTABLE):
-        return True
-    if isinstance(x, jax.Array):
-        return not isinstance(x, jax.core.Tracer)
-    if isinstance(x, tuple):  # NamedTuples included: optax's transformations
-        return all(_frozen(v, depth + 1) for v in x)
-    if isinstance(x, types.FunctionType):
-        if (x.__module__ or "").split(".")[0] not in _LIBRARIES:
-            return False
-        try:
-            cells = [c.cell_contents for c in x.__closure__ or ()]
-        except ValueError:  # an empty cell
-            return False
-        values = (*cells, *(x.__defaults__ or ()), *(x.__kwdefaults__ or {}).values())
-        return all(_frozen(v, depth + 1) for v in values)
-    if isinstance(x, functools.partial):
-        return _frozen((x.func, x.args, *x.keywords.values()), depth + 1)
-    return False
 
 
 _SHAPING = frozenset({"broadcast_in_dim", "convert_element_type", "reshape", "copy"})
@@ -442,12 +395,8 @@ def _place_together(*groups: list) -> tuple[list, ...]:
     committed = [x for x in arrays if getattr(x, "committed", False)]
     if not committed or len(committed) == len(arrays):
         return groups
-    sharding = committed[0].sharding  # pyright: ignore[reportAttributeAccessIssue]  (a jax.Array)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        sharding = jax.sharding.NamedSharding(
-            sharding.mesh, jax.sharding.PartitionSpec()
-        )
-    elif not isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    sharding = _replicated(committed[0])
+    if sharding is None:
         return groups
     out = []
     for group in groups:
@@ -464,6 +413,33 @@ def _place_together(*groups: list) -> tuple[list, ...]:
                 group[j] = x
         out.append(group)
     return tuple(out)
+
+
+def _replicated(x: Any) -> Any:
+    """A sharding that puts a whole array on every device `x` is on (one device,
+    or the mesh of a `NamedSharding`), or `None` for another kind of sharding."""
+    sharding = x.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return sharding
+    return None
+
+
+def _history(losses: list[np.ndarray], dtype: Any, like: Any) -> Array:
+    """The losses of the chunks as one JAX array, on the devices of `like` (a
+    chunk's output) by `jax.make_array_from_callback`: ~10 µs, where
+    `jax.device_put` spends ~25 µs in Python and `jnp.asarray` compiles a copy
+    once per length."""
+    values = (
+        losses[0]
+        if len(losses) == 1
+        else np.concatenate([np.zeros((0,), dtype), *losses])
+    )
+    sharding = None if like is None else _replicated(like)
+    if sharding is None:
+        return jax.device_put(values)
+    return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
 
 
 def fit(
@@ -656,14 +632,14 @@ def fit(
     length = (
         min(100, chunk_size) if known is None else _length(known, target, chunk_size)
     )
-    done, trained = 0, None
+    done, trained, last = 0, None, None
     try:
         while done < steps:
             length = min(length, steps - done)
             began = time.perf_counter()
             counters = _counters(first + done, length, fresh)
-            new_train, new_opt, out = plan.run(train, opt, fixed, *counters)
-            out = np.asarray(out)
+            new_train, new_opt, last = plan.run(train, opt, fixed, *counters)
+            out = np.asarray(last)
             chunk = out[capacity - length : capacity]
             if not np.isfinite(out[capacity - length :]).all():  # and the flag
                 _raise_non_finite(
@@ -677,6 +653,7 @@ def fit(
                     losses,
                     leaves,
                     first,
+                    last,
                 )
             train, opt, fresh, trained = new_train, new_opt, 0, new_train
             losses.append(chunk)
@@ -704,8 +681,7 @@ def fit(
         if bar is not None:
             bar.close()
     model = model if trained is None else _rebuild(plan, leaves, trained)
-    # (`jax.device_put`: `jnp.asarray` may compile a copy, once per length.)
-    history = jax.device_put(np.concatenate(losses or [np.zeros((0,), plan.dtype)]))
+    history = _history(losses, plan.dtype, last)
     if return_state:
         if fresh:  # no chunk ran: the initial state, computed by a chunk of 0 steps
             _, opt, _ = plan.run(train, opt, fixed, *_counters(first, 0, 1))
@@ -766,6 +742,8 @@ def _traced(plan, train, opt, fixed, fresh, first, steps, leaves, return_state):
 
 
 def _check_int(name: str, value: Any) -> int:
+    if type(value) is int and value >= 1:  # (the common case, without the ABC)
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"fit: `{name}` must be a positive integer, got {value!r}.")
     if value < 1:
@@ -890,6 +868,7 @@ def _raise_non_finite(
     losses: list[np.ndarray],
     leaves: list,
     first: int,
+    like: Any,
 ) -> None:
     """Replay a chunk that went non-finite one step at a time, from its start.
 
@@ -907,7 +886,7 @@ def _raise_non_finite(
             break
         train, opt, fresh = new_train, new_opt, 0
     step = start + i - first
-    history = jax.device_put(np.concatenate([*losses, chunk[: i + 1]]))
+    history = _history([*losses, chunk[: i + 1]], plan.dtype, like)
     raise NonFiniteLossError(
         f"fit: the loss or its gradient is not finite at step {step} "
         f"(loss = {float(history[-1])}). Training stopped; the model with the last "

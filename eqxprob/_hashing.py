@@ -4,12 +4,14 @@
 function compares by identity, so `ep.fit(..., optimiser=optax.adam(1e-3))` called
 twice, or with a fresh `lambda`, would compile twice although nothing differs.
 `Keyed(x)` compares by a structural key instead: a function by its code, defaults,
-closure values and the globals it reads (recursively, to a small depth); small
+closure values and the globals it reads (recursively, to a small depth; the
+modules and globals of the libraries in `_LIBRARIES` are taken as constant); small
 arrays by value; large arrays, and anything unhashable, by identity (the key holds
 a reference, so an identity is never reused for another object).
 
 Two values with equal keys compute the same thing, so serving one's compiled
 program for the other is exact. What falls back to identity only costs a compile.
+`remembered(x)` reuses a key while nothing it was computed from can have changed.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
         return (type(x), x)
     if isinstance(x, types.ModuleType):
+        if x.__name__.split(".")[0] in _LIBRARIES:  # its data is constant, as
+            return ("module", _Same(x))  # a library function's globals are
         return ("module", _Same(x), _attributes(x, names, nxt))
     if isinstance(x, (type, types.BuiltinFunctionType, np.dtype)):
         return _Same(x) if not _hashable(x) else ("id", x)
@@ -109,7 +113,7 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     if isinstance(x, jax.Array):
         if isinstance(x, jax.core.Tracer):
             return _Same(x)
-        if np.size(x) <= _SMALL:
+        if x.size <= _SMALL:
             a = np.asarray(x)
             return ("array", a.shape, a.dtype.str, a.tobytes())
         return _Same(x)  # JAX arrays are immutable: identity is exact
@@ -184,3 +188,96 @@ class Keyed:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Keyed) and self._key == other._key
+
+
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, np.dtype, type)
+_MISSING = object()  # a global name the code reads that is not defined
+
+
+def _library(x: Any) -> bool:
+    return (getattr(x, "__module__", None) or "").split(".")[0] in _LIBRARIES
+
+
+def frozen(x: Any, depth: int = 0) -> bool:
+    """Whether `x` is made of immutable values, library modules and library
+    functions whose closures and defaults are frozen too: then `key(x)` is fixed
+    for as long as `x` is the same object."""
+    if depth > _DEPTH:
+        return False
+    if isinstance(x, _IMMUTABLE) or x is _MISSING:
+        return True
+    if isinstance(x, jax.Array):
+        return not isinstance(x, jax.core.Tracer)
+    if isinstance(x, types.ModuleType):
+        return x.__name__.split(".")[0] in _LIBRARIES
+    if isinstance(x, tuple):  # NamedTuples included: optax's transformations
+        return all(frozen(v, depth + 1) for v in x)
+    if isinstance(x, types.FunctionType):
+        if not _library(x):
+            return False
+        values = _reads(x, ())
+        return values is not None and all(frozen(v, depth + 1) for v in values[2:])
+    if isinstance(x, functools.partial):
+        return frozen((x.func, x.args, *x.keywords.values()), depth + 1)
+    return False
+
+
+def _reads(fn: types.FunctionType, names: tuple[str, ...]) -> tuple | None:
+    """What `key(fn)` reads of `fn` that can be rebound while `fn` stays the
+    same object: its code and module name, its defaults (keyword-only ones as
+    names and values: they are a dict), the contents of its closure cells and
+    the globals `names`. `None` with an empty cell."""
+    try:
+        cells = [c.cell_contents for c in fn.__closure__ or ()]
+    except ValueError:  # an empty cell
+        return None
+    scope, kwdefaults = fn.__globals__, fn.__kwdefaults__ or {}
+    return (
+        fn.__code__,
+        fn.__module__,
+        fn.__defaults__,
+        *kwdefaults,
+        *kwdefaults.values(),
+        *cells,
+        *[scope.get(name, _MISSING) for name in names],
+    )
+
+
+# id -> (value, the global names its key reads, what it read, their ids, Keyed)
+_REMEMBERED: dict[int, tuple[Any, tuple, tuple, tuple, Keyed]] = {}
+_REMEMBER_SIZE = 256
+
+
+def remembered(value: Any) -> Keyed:
+    """`Keyed(value)`, reused while nothing `key(value)` reads can have changed:
+    for a value that is `frozen` (`optax.adam(1e-3)`, chains, schedules of
+    library code), for as long as it is the same object; for a function of the
+    user's whose closure cells, defaults and the globals it reads are frozen
+    values (arrays, numbers, library modules and functions: `lambda m:
+    ep.resolve(m).nlml(x, y)` with `x` and `y` arrays), for as long as each of
+    those is the same object as before: a rebound global, cell or default makes
+    a fresh key. Anything else (a loss calling a function of the user's, an
+    object's attributes) is keyed afresh at every call. Saves ~5-40 µs a call."""
+    hit = _REMEMBERED.get(id(value))
+    if hit is not None and hit[0] is value:
+        if not hit[2]:
+            return hit[4]
+        now = _reads(value, hit[1])
+        if now is not None and tuple(map(id, now)) == hit[3]:
+            return hit[4]
+    keyed = Keyed(value)
+    names: tuple[str, ...] = ()
+    if isinstance(value, types.FunctionType) and not _library(value):
+        names = tuple(sorted(_names(value.__code__)))
+        read = _reads(value, names)
+        if read is None or not all(frozen(v) for v in read[2:]):
+            return keyed
+    elif frozen(value):
+        read = ()
+    else:
+        return keyed
+    if len(_REMEMBERED) >= _REMEMBER_SIZE:
+        _REMEMBERED.clear()
+    # (Holding the value and what it read keeps their ids from being reused.)
+    _REMEMBERED[id(value)] = (value, names, read, tuple(map(id, read)), keyed)
+    return keyed

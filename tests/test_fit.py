@@ -1,5 +1,9 @@
 """`ep.fit` against hand-written optax loops."""
 
+import os
+import subprocess
+import sys
+
 import distrax
 import equinox as eqx
 import jax
@@ -778,3 +782,132 @@ def test_numpy_minibatch_data_and_mismatched_states():
     for model, opt in ((jnp.zeros(3), optax.adam(0.1)), (jnp.zeros(2), optax.sgd(0.1))):
         with pytest.raises(ValueError, match="`state` does not match"):
             ep.fit(model, loss, optimiser=opt, steps=5, progress=False, state=state)
+
+
+TARGET = jnp.array(1.0)
+
+
+def _to_global_target(x):
+    return jnp.sum((x - TARGET) ** 2)
+
+
+def _to_max(x):
+    return jnp.sum((x - max(1.0, 0.0)) ** 2)  # `max`: a builtin, until shadowed
+
+
+def _trained(loss, steps=300):
+    x, _ = ep.fit(
+        jnp.zeros(2), loss, optimiser=optax.adam(0.1), steps=steps, progress=False
+    )
+    return x
+
+
+def test_a_reused_loss_key_sees_every_rebinding_of_what_the_loss_reads():
+    """The loss's structural key is reused while what it reads is the same
+    objects; each kind of rebinding must train to the new optimum (the target,
+    found by the quadratic's closed form), never the old program's."""
+    global TARGET
+    np.testing.assert_allclose(_trained(_to_global_target), 1.0, atol=1e-3)
+    old = TARGET
+    try:
+        TARGET = jnp.array(3.0)  # a rebound global
+        np.testing.assert_allclose(_trained(_to_global_target), 3.0, atol=1e-3)
+    finally:
+        TARGET = old
+
+    np.testing.assert_allclose(_trained(_to_max), 1.0, atol=1e-3)
+    globals()["max"] = lambda a, b: 2.0  # a global that was missing appears
+    try:
+        np.testing.assert_allclose(_trained(_to_max), 2.0, atol=1e-3)
+    finally:
+        del globals()["max"]
+    np.testing.assert_allclose(_trained(_to_max), 1.0, atol=1e-3)
+
+    def make():
+        target = jnp.array(1.0)
+
+        def loss(x):
+            return jnp.sum((x - target) ** 2)
+
+        def set_target(value):
+            nonlocal target
+            target = value
+
+        return loss, set_target
+
+    loss, set_target = make()
+    np.testing.assert_allclose(_trained(loss), 1.0, atol=1e-3)
+    set_target(jnp.array(-2.0))  # a rebound closure cell
+    np.testing.assert_allclose(_trained(loss), -2.0, atol=1e-3)
+
+    with_default = lambda x, t=1.0: jnp.sum((x - t) ** 2)  # noqa: E731
+    np.testing.assert_allclose(_trained(with_default), 1.0, atol=1e-3)
+    with_default.__defaults__ = (4.0,)
+    np.testing.assert_allclose(_trained(with_default), 4.0, atol=1e-3)
+
+    def keyword(x, *, t=1.0):
+        return jnp.sum((x - t) ** 2)
+
+    np.testing.assert_allclose(_trained(keyword), 1.0, atol=1e-3)
+    keyword.__kwdefaults__["t"] = 5.0  # changed in place
+    np.testing.assert_allclose(_trained(keyword), 5.0, atol=1e-3)
+
+    def other(x, *, t=1.0):
+        return jnp.sum((x + t) ** 2)
+
+    keyword.__code__ = other.__code__
+    np.testing.assert_allclose(_trained(keyword), -5.0, atol=1e-3)
+
+
+def test_an_equal_rebound_global_does_not_compile_and_a_new_one_does():
+    global TARGET
+    _trained(_to_global_target, steps=5)
+    old = TARGET
+    try:
+        TARGET = jnp.array(1.0)  # another object, the same value
+        with _Compilations() as c:
+            _trained(_to_global_target, steps=5)
+        assert c.count == 0
+        TARGET = jnp.array(1.5)  # the control: a new value compiles
+        with _Compilations() as c:
+            _trained(_to_global_target, steps=5)
+        assert c.count > 0
+    finally:
+        TARGET = old
+
+
+def test_losses_are_where_the_steps_ran_on_8_devices():
+    """The returned losses live on the trained model's devices (one device, or
+    replicated over the data's mesh), equal the losses of the same fit on one
+    device, and combine with the model without a transfer error."""
+    code = """
+import jax, jax.numpy as jnp, numpy as np, optax, eqxprob as ep
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+loss = lambda m, b: jnp.mean((b - m) ** 2)
+kw = dict(optimiser=optax.adam(0.1), steps=130, progress=False)
+data = jnp.arange(64.0)
+m0, l0 = ep.fit(jnp.zeros(()), loss, data=data, **kw)
+d3 = jax.devices()[3]
+start, on3 = jax.device_put((jnp.zeros(()), data), d3)
+m3, l3 = ep.fit(start, loss, data=on3, **kw)
+assert l3.sharding == m3.sharding == jax.sharding.SingleDeviceSharding(d3), l3.sharding
+mesh = Mesh(np.array(jax.devices()), ("x",))
+rows = jax.device_put(data, NamedSharding(mesh, P("x")))
+mm, lm = ep.fit(jnp.zeros(()), loss, data=rows, **kw)
+assert lm.sharding.is_equivalent_to(mm.sharding, 1) and lm.sharding.is_fully_replicated
+for losses in (l3, lm):
+    np.testing.assert_allclose(np.asarray(losses), np.asarray(l0), rtol=1e-6)
+    assert losses.shape == (130,) and losses.dtype == l0.dtype
+(l3 + m3).block_until_ready(); (lm + mm).block_until_ready()
+print("ok")
+"""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"
