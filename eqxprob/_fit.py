@@ -430,13 +430,16 @@ def _history(losses: list[np.ndarray], dtype: Any, like: Any) -> Array:
     """The losses of the chunks as one JAX array, on the devices of `like` (a
     chunk's output) by `jax.make_array_from_callback`: ~10 µs, where
     `jax.device_put` spends ~25 µs in Python and `jnp.asarray` compiles a copy
-    once per length."""
+    once per length. Committed only where `like` is: a fit of uncommitted
+    arrays returns uncommitted losses (as its model), which combine with arrays
+    on any device."""
     values = (
         losses[0]
         if len(losses) == 1
         else np.concatenate([np.zeros((0,), dtype), *losses])
     )
-    sharding = None if like is None else _replicated(like)
+    committed = like is not None and getattr(like, "committed", False)
+    sharding = _replicated(like) if committed else None
     if sharding is None:
         return jax.device_put(values)
     return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])

@@ -218,7 +218,9 @@ def frozen(x: Any, depth: int = 0) -> bool:
         values = _reads(x, ())
         return values is not None and all(frozen(v, depth + 1) for v in values[2:])
     if isinstance(x, functools.partial):
-        return frozen((x.func, x.args, *x.keywords.values()), depth + 1)
+        # (Not with keywords: `x.keywords` is a dict, changed in place while `x`
+        # stays the same object.)
+        return not x.keywords and frozen((x.func, x.args), depth + 1)
     return False
 
 

@@ -1,5 +1,6 @@
 """`ep.fit` against hand-written optax loops."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -876,6 +877,38 @@ def test_an_equal_rebound_global_does_not_compile_and_a_new_one_does():
         TARGET = old
 
 
+def test_a_partial_whose_keywords_change_in_place_is_keyed_afresh():
+    """`partial.keywords` is a dict: changed in place, the partial is the same
+    object but computes something else, so its key must not be remembered."""
+    to = functools.partial(optax.l2_loss, targets=jnp.ones(2))
+    read_as_global = lambda x: jnp.sum(to(x))  # noqa: E731
+    np.testing.assert_allclose(_trained(read_as_global), 1.0, atol=1e-3)
+    to.keywords["targets"] = 3 * jnp.ones(2)
+    np.testing.assert_allclose(_trained(read_as_global), 3.0, atol=1e-3)
+
+    loss = functools.partial(optax.l2_loss, targets=jnp.ones(()))  # the loss itself
+    fit = functools.partial(
+        ep.fit, optimiser=optax.adam(0.1), steps=300, progress=False
+    )
+    np.testing.assert_allclose(fit(jnp.zeros(()), loss)[0], 1.0, atol=1e-3)
+    loss.keywords["targets"] = -2 * jnp.ones(())
+    np.testing.assert_allclose(fit(jnp.zeros(()), loss)[0], -2.0, atol=1e-3)
+
+
+def test_losses_of_uncommitted_arrays_are_uncommitted():
+    """As the trained model: committing them to the default device would make
+    `losses + x` fail for an `x` committed to another device."""
+    model, losses = ep.fit(
+        jnp.zeros(2), lambda x: jnp.sum(x**2), optimiser=optax.adam(0.1), steps=5,
+        progress=False,
+    )
+    assert not model.committed and not losses.committed
+    with pytest.raises(ep.NonFiniteLossError) as e:
+        ep.fit(jnp.array(1.0), jnp.log, optimiser=optax.sgd(2.0), steps=10,
+               progress=False)
+    assert not e.value.losses.committed
+
+
 def test_losses_are_where_the_steps_ran_on_8_devices():
     """The returned losses live on the trained model's devices (one device, or
     replicated over the data's mesh), equal the losses of the same fit on one
@@ -899,6 +932,7 @@ for losses in (l3, lm):
     np.testing.assert_allclose(np.asarray(losses), np.asarray(l0), rtol=1e-6)
     assert losses.shape == (130,) and losses.dtype == l0.dtype
 (l3 + m3).block_until_ready(); (lm + mm).block_until_ready()
+(l0 + jax.device_put(jnp.zeros(130), d3)).block_until_ready()  # uncommitted l0
 print("ok")
 """
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
