@@ -483,7 +483,12 @@ def fit(
     batch size, loss and optimiser. The loss and optimiser compare by structure
     (code, closure and global values), so a fresh but equal `lambda` or
     `optax.adam(1e-3)` does not recompile, and neither does another `steps`. A
-    different `chunk_size` does (it is the loss buffer's length).
+    different `chunk_size` does (it is the loss buffer's length). The comparison
+    sees rebound globals, closure cells and defaults, and attributes of the
+    user's objects; it takes as constant what libraries hold (attributes of
+    their modules, the closures of their functions) and does not read class
+    attributes or a function's own attributes: after changing one of those the
+    loss reads, pass a new function.
 
     **Chunks.** Each chunk is one compiled call and one copy of its losses to the
     host, where `fit` checks them, moves the bar and lets a Ctrl-C in. Chunk
@@ -702,7 +707,11 @@ def _counters(start: int, length: int, fresh: int) -> tuple:
 def _strong_leaf(x: Any) -> Any:
     if not getattr(x, "weak_type", False):
         return x
-    return x.astype(x.dtype) if isinstance(x, jax.core.Tracer) else np.asarray(x)
+    if isinstance(x, jax.core.Tracer):
+        return x.astype(x.dtype)
+    if x.committed:  # where it is (through NumPy it would go to the default device)
+        return jax.device_put(np.asarray(x), x.sharding)
+    return np.asarray(x)
 
 
 def _aval(x: Any) -> Any:

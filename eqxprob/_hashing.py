@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import types
 from typing import Any
 
@@ -95,7 +96,11 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     if depth > _DEPTH:
         return _Same(x)
     nxt = depth + 1
-    if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
+    if isinstance(x, float):  # (0.0 == -0.0: the sign tells them apart)
+        return (type(x), x, math.copysign(1.0, x))
+    if isinstance(x, complex):
+        return (type(x), x, math.copysign(1.0, x.real), math.copysign(1.0, x.imag))
+    if x is None or isinstance(x, (bool, int, str, bytes)):
         return (type(x), x)
     if isinstance(x, types.ModuleType):
         if x.__name__.split(".")[0] in _LIBRARIES:  # its data is constant, as
@@ -115,12 +120,12 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
             return _Same(x)
         if x.size <= _SMALL:
             a = np.asarray(x)
-            return ("array", a.shape, a.dtype.str, a.tobytes())
+            return ("array", a.shape, a.dtype, a.tobytes())
         return _Same(x)  # JAX arrays are immutable: identity is exact
     if isinstance(x, (np.ndarray, np.generic)):
         a = np.asarray(x)  # mutable in place: always by content
         digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes()).digest()
-        return ("numpy", a.shape, a.dtype.str, digest)
+        return ("numpy", a.shape, a.dtype, digest)
     if isinstance(x, types.FunctionType):
         code = x.__code__
         read = _names(code)
@@ -156,13 +161,15 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
         (k.__dict__["__call__"] for k in type(x).__mro__ if "__call__" in k.__dict__),
         None,
     )
-    if isinstance(call, types.FunctionType):  # a callable object: its code reads
-        names = names | _names(call.__code__)
+    code = None
+    if isinstance(call, types.FunctionType):  # a callable object: what its code
+        names = names | _names(call.__code__)  # reads of it, and its globals
+        code = key(call, nxt)
     if _hashable(x) and not hasattr(x, "__dict__"):
-        return ("value", type(x), x)
+        return ("value", type(x), x, code)
     if _hashable(x) and type(x).__eq__ is not object.__eq__:
-        return ("value", type(x), x, _attributes(x, names, nxt))  # e.g. Modules
-    return ("object", _Same(x), _attributes(x, names, nxt))
+        return ("value", type(x), x, code, _attributes(x, names, nxt))  # Modules
+    return ("object", _Same(x), code, _attributes(x, names, nxt))
 
 
 def _hashable(x: Any) -> bool:

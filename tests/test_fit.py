@@ -860,6 +860,45 @@ def test_a_reused_loss_key_sees_every_rebinding_of_what_the_loss_reads():
     np.testing.assert_allclose(_trained(keyword), -5.0, atol=1e-3)
 
 
+SIGN = 0.0
+
+
+class ToGlobalTarget(eqx.Module):
+    """A callable module whose `__call__` reads a global."""
+
+    def __call__(self, x):
+        return jnp.sum((x - TARGET) ** 2)
+
+
+def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
+    """Values that compare equal in Python but compute differently, and the
+    globals read by a callable object's `__call__`: each trains to its own
+    optimum (closed form), never to the one of a program compiled before."""
+    global SIGN, TARGET
+    at_angle = lambda x: jnp.sum((x - jnp.arctan2(SIGN, -1.0)) ** 2)  # noqa: E731
+    np.testing.assert_allclose(_trained(at_angle), np.pi, atol=1e-3)
+    try:
+        SIGN = -0.0  # == 0.0, but arctan2(-0.0, -1) = -pi
+        np.testing.assert_allclose(_trained(at_angle), -np.pi, atol=1e-3)
+        fresh = lambda x: jnp.sum((x - jnp.arctan2(SIGN, -1.0)) ** 2)  # noqa: E731
+        np.testing.assert_allclose(_trained(fresh), -np.pi, atol=1e-3)
+    finally:
+        SIGN = 0.0
+
+    for value, dtype in ((-1, jnp.int4), (15, jnp.uint4)):  # the same byte
+        c = jnp.array(value, dtype)
+        loss = lambda x, c=c: jnp.sum((x - c.astype(jnp.float32)) ** 2)  # noqa: E731
+        np.testing.assert_allclose(_trained(loss, steps=600), value, atol=1e-2)
+
+    np.testing.assert_allclose(_trained(ToGlobalTarget()), 1.0, atol=1e-3)
+    old = TARGET
+    try:
+        TARGET = jnp.array(-3.0)
+        np.testing.assert_allclose(_trained(ToGlobalTarget()), -3.0, atol=1e-3)
+    finally:
+        TARGET = old
+
+
 def test_an_equal_rebound_global_does_not_compile_and_a_new_one_does():
     global TARGET
     _trained(_to_global_target, steps=5)
@@ -899,13 +938,17 @@ def test_losses_of_uncommitted_arrays_are_uncommitted():
     """As the trained model: committing them to the default device would make
     `losses + x` fail for an `x` committed to another device."""
     model, losses = ep.fit(
-        jnp.zeros(2), lambda x: jnp.sum(x**2), optimiser=optax.adam(0.1), steps=5,
+        jnp.zeros(2),
+        lambda x: jnp.sum(x**2),
+        optimiser=optax.adam(0.1),
+        steps=5,
         progress=False,
     )
     assert not model.committed and not losses.committed
     with pytest.raises(ep.NonFiniteLossError) as e:
-        ep.fit(jnp.array(1.0), jnp.log, optimiser=optax.sgd(2.0), steps=10,
-               progress=False)
+        ep.fit(
+            jnp.array(1.0), jnp.log, optimiser=optax.sgd(2.0), steps=10, progress=False
+        )
     assert not e.value.losses.committed
 
 
@@ -933,6 +976,10 @@ for losses in (l3, lm):
     assert losses.shape == (130,) and losses.dtype == l0.dtype
 (l3 + m3).block_until_ready(); (lm + mm).block_until_ready()
 (l0 + jax.device_put(jnp.zeros(130), d3)).block_until_ready()  # uncommitted l0
+weak = jax.device_put(jnp.asarray(0.0), d3)  # weakly typed, on device 3
+assert weak.weak_type
+mw, lw = ep.fit(weak, lambda m: (m - 1.0) ** 2, **kw)  # nothing else committed
+assert mw.sharding == lw.sharding == jax.sharding.SingleDeviceSharding(d3)
 print("ok")
 """
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
