@@ -647,6 +647,11 @@ def fit(
             began = time.perf_counter()
             counters = _counters(first + done, length, fresh)
             new_train, new_opt, last = plan.run(train, opt, fixed, *counters)
+            if isinstance(last, jax.core.Tracer):  # the loss reads a tracer (of a
+                # `jax.vmap` around `fit`, the model's arrays concrete): traced too
+                return _traced(
+                    plan, train, opt, fixed, fresh, first, steps, leaves, return_state
+                )
             out = np.asarray(last)
             chunk = out[capacity - length : capacity]
             if not np.isfinite(out[capacity - length :]).all():  # and the flag

@@ -478,6 +478,22 @@ def test_fit_under_jit_and_vmap_is_the_eager_fit():
         np.testing.assert_allclose(b, ep.fit(start, loss, key=key, **kw)[0], rtol=1e-5)
 
 
+def test_vmap_over_a_value_only_the_loss_reads():
+    """The model's arrays concrete, the loss closing over a batched tracer: the
+    fit is traced into the vmapped program (it raised a tracer conversion error),
+    and each fit reaches its own closed-form optimum with the eager fit's losses."""
+    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+
+    def fit_to(t):
+        return ep.fit(jnp.zeros(2), lambda x: jnp.sum((x - t) ** 2), **kw)
+
+    targets = jnp.array([1.0, 2.0, -3.0])
+    trained, losses = jax.vmap(fit_to)(targets)
+    np.testing.assert_allclose(trained, jnp.repeat(targets[:, None], 2, 1), atol=1e-3)
+    for t, row in zip(targets, losses):
+        np.testing.assert_allclose(row, fit_to(t)[1], rtol=1e-5)
+
+
 def test_stochastic_loss_gets_a_fresh_key_per_step_reproducibly():
     seen = []
 
