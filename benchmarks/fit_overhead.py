@@ -20,11 +20,12 @@ Rows:
   loop also a fresh `jax.jit`), so it traces and compiles: for the 2-parameter
   problem and the n = 20 GP.
 
-Every row runs both sides once per round, in an order that alternates between
-rounds, so a burst of load hits both alike. Reported: the median time of each side,
-the median and range of the per-round ratios `ep.fit / hand-written`, and the ratio
-of the fastest rounds. `ep.fit` runs with `progress=False` and otherwise its
-defaults. Asserts nothing.
+Every row runs both sides in each round: the warm rows call the two in turn,
+call by call (hand, fit, fit, hand, ...), and the fixed-cost rows once each, in
+an order that alternates between rounds, so a burst of load hits both alike.
+Reported: the median time of each side, the median and range of the per-round
+ratios `ep.fit / hand-written`, and the ratio of the fastest rounds. `ep.fit`
+runs with `progress=False` and otherwise its defaults. Asserts nothing.
 
 Run: `OPENBLAS_NUM_THREADS=1 python benchmarks/fit_overhead.py [--quick] [--rounds R]`
 """
@@ -182,14 +183,24 @@ def _pair(r: int, hand: Callable[[], float], fit: Callable[[], float]) -> tuple:
     return h, fit()
 
 
+def _alternating(r: int, hand: Callable, fit: Callable, repeat: int) -> tuple:
+    """Median times of `repeat` warm calls of each side, the two sides called
+    in turn (hand, fit, fit, hand, ...), so that a burst of load on the shared
+    machine lands on both alike rather than on one side's block of calls."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(repeat):
+        for side in (0, 1) if (r + i) % 2 == 0 else (1, 0):
+            times[side].append(_timed((hand, fit)[side]))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def per_step_row(name: str, problem: Problem, steps: int, repeat: int) -> Row:
     hand, fit = problem.hand(steps), problem.fit(steps)
     _timed(hand), _timed(fit), _timed(fit)  # compile, then the warm path
 
     def measure(r):
-        return _pair(
-            r, lambda: _warm(hand, repeat) / steps, lambda: _warm(fit, repeat) / steps
-        )
+        h, f = _alternating(r, hand, fit, repeat)
+        return h / steps, f / steps
 
     return Row(f"{name}, per step ({steps} steps)", "µs", 1e6, measure)
 
@@ -199,7 +210,7 @@ def whole_call_row(name: str, problem: Problem, steps: int, repeat: int) -> Row:
     _timed(hand), _timed(fit), _timed(fit)
 
     def measure(r):
-        return _pair(r, lambda: _warm(hand, repeat), lambda: _warm(fit, repeat))
+        return _alternating(r, hand, fit, repeat)
 
     return Row(f"{name}, whole call, {steps} steps", "ms", 1e3, measure)
 

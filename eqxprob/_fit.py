@@ -34,6 +34,7 @@ import optax
 from jax.extend.core import Literal
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from ._families import to_device
 from ._hashing import remembered
 from ._parameter import trainable
 
@@ -427,22 +428,20 @@ def _replicated(x: Any) -> Any:
 
 
 def _history(losses: list[np.ndarray], dtype: Any, like: Any) -> Array:
-    """The losses of the chunks as one JAX array, on the devices of `like` (a
-    chunk's output) by `jax.make_array_from_callback`: ~10 µs, where
-    `jax.device_put` spends ~25 µs in Python and `jnp.asarray` compiles a copy
-    once per length. Committed only where `like` is: a fit of uncommitted
-    arrays returns uncommitted losses (as its model), which combine with arrays
-    on any device."""
+    """The losses of the chunks as one JAX array, where `like` (a chunk's
+    output) is: on its device or replicated over its mesh, committed only if it
+    is (a fit of uncommitted arrays returns uncommitted losses, as its model).
+    By `_families.to_device` (~4 µs), where `jax.device_put` spends ~20 µs in
+    Python and `jnp.asarray` compiles a copy once per length."""
     values = (
         losses[0]
         if len(losses) == 1
         else np.concatenate([np.zeros((0,), dtype), *losses])
     )
-    committed = like is not None and getattr(like, "committed", False)
-    sharding = _replicated(like) if committed else None
+    sharding = None if like is None else _replicated(like)
     if sharding is None:
         return jax.device_put(values)
-    return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
+    return to_device(values, sharding, like.committed)
 
 
 def fit(
