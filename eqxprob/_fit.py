@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import numbers
 import sys
 import time
@@ -364,12 +365,12 @@ def _plan(problem, leaves, treedef, data, key, capacity) -> _Plan:
     signature = (
         problem,
         treedef,
-        tuple(_leaf_signature(x) for x in leaves),
+        tuple(map(_leaf_signature, leaves)),
         None
         if data is None
         else (
             jtu.tree_structure(data),
-            tuple(_leaf_signature(x) for x in jtu.tree_leaves(data)),
+            tuple(map(_leaf_signature, jtu.tree_leaves(data))),
         ),
         None if key is None else (key.shape, key.dtype),
         capacity,
@@ -439,7 +440,7 @@ def _history(losses: list[np.ndarray], dtype: Any, like: Any) -> Array:
         else np.concatenate([np.zeros((0,), dtype), *losses])
     )
     sharding = None if like is None else _replicated(like)
-    if sharding is None:
+    if like is None or sharding is None:
         return jax.device_put(values)
     return to_device(values, sharding, like.committed)
 
@@ -622,7 +623,7 @@ def fit(
                 "`FitState` of a fit of the same model with the same optimiser."
             )
         fresh, first = 0, state.step
-    if any(isinstance(x, jax.core.Tracer) for x in (*train, *opt, *fixed)):
+    if any(map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer))):
         return _traced(
             plan, train, opt, fixed, fresh, first, steps, leaves, return_state
         )
