@@ -2,7 +2,8 @@
 
 import pathlib
 import subprocess
-import sys
+
+from _processes import run_python
 
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
@@ -10,15 +11,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     """Run a benchmark script from benchmarks/; it must succeed."""
-    result = subprocess.run(
-        [sys.executable, script, *args],
-        cwd=BENCHMARKS,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result
+    return run_python(script, *args, cwd=BENCHMARKS, timeout=600)
 
 
 def test_gp_training_benchmark_variants_agree():

@@ -1,11 +1,9 @@
 """The example scripts run (with small sizes) and produce what they claim."""
 
 import importlib
-import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import distrax
 import equinox as eqx
@@ -15,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 from _hlo import count_hlo_ops
+from _processes import on_8_devices
 
 import eqxprob as ep
 
@@ -234,18 +233,7 @@ def test_nuts_blackjax_runs(examples, capsys):
 
 
 def _on_8_devices(code: str) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter that XLA gives 8 host devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=EXAMPLES,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result
+    return on_8_devices(code, cwd=EXAMPLES)
 
 
 def test_sharded_gp_equals_single_device_on_8_devices():

@@ -20,6 +20,7 @@ import numpy as np
 import numpyro.distributions as nd
 import numpyro.distributions.transforms as nt
 import pytest
+from _processes import run_python
 from tensorflow_probability.substrates import jax as tfp
 
 import eqxprob as ep
@@ -674,15 +675,8 @@ def test_family_helpers_docstring_examples_run():
 
 
 def _run(code: str, **env) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env={"PATH": "", "JAX_PLATFORMS": "cpu", "OPENBLAS_NUM_THREADS": "1", **env},
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    env = {"PATH": "", "JAX_PLATFORMS": "cpu", "OPENBLAS_NUM_THREADS": "1", **env}
+    return run_python("-c", textwrap.dedent(code), env=env, timeout=120).stdout
 
 
 def test_import_without_numpyro_works_and_errors_name_the_extra():

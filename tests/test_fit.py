@@ -1,9 +1,6 @@
 """`ep.fit` against hand-written optax loops."""
 
 import functools
-import os
-import subprocess
-import sys
 
 import distrax
 import equinox as eqx
@@ -12,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _processes import on_8_devices
 
 import eqxprob as ep
 
@@ -998,13 +996,4 @@ mw, lw = ep.fit(weak, lambda m: (m - 1.0) ** 2, **kw)  # nothing else committed
 assert mw.sharding == lw.sharding == jax.sharding.SingleDeviceSharding(d3)
 print("ok")
 """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "ok"
+    assert on_8_devices(code).stdout.strip() == "ok"
