@@ -376,6 +376,10 @@ def _plan(problem, leaves, treedef, data, key, capacity) -> _Plan:
         capacity,
         jax.config.jax_enable_x64,  # pyright: ignore[reportAttributeAccessIssue]  (the losses' dtype, the placeholder)
     )
+    if problem.loss.traced or problem.optimiser.traced:
+        # (Keyed by a tracer's identity: never met again, and cached it would
+        # keep the tracer, and the batched values it holds, alive.)
+        return _Plan(problem, leaves, treedef, data, key, capacity)
     try:
         plan = _PLANS.get(signature)
     except TypeError:  # an unhashable leaf or static field: not cached
@@ -623,7 +627,11 @@ def fit(
                 "`FitState` of a fit of the same model with the same optimiser."
             )
         fresh, first = 0, state.step
-    if any(map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer))):
+    if (
+        problem.loss.traced  # the loss reads a tracer: its losses are traced
+        or problem.optimiser.traced
+        or any(map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer)))
+    ):
         return _traced(
             plan, train, opt, fixed, fresh, first, steps, leaves, return_state
         )

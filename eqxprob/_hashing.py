@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import threading
 import types
 from typing import Any
 
@@ -90,9 +91,27 @@ def _attributes(x: Any, names: frozenset[str], depth: int) -> tuple:
     return tuple(found)
 
 
+_FUNCTIONS = threading.local()  # per top-level `key`: id -> key, or `None` (being keyed)
+
+
 def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     """A hashable structural key of `x`; `names` are the attribute names the
-    code that refers to `x` reads (see `_attributes`)."""
+    code that refers to `x` reads (see `_attributes`).
+
+    Within one top-level call, a function is keyed once: functions (and callable
+    objects, through their `__call__`) that read each other through globals or
+    cells would otherwise be walked once per path, exponentially many, and one
+    met again while it is being keyed is keyed by identity (a cycle)."""
+    if depth == 0:
+        _FUNCTIONS.seen = {}
+        try:
+            return _key(x, 0, names)
+        finally:
+            _FUNCTIONS.seen = None
+    return _key(x, depth, names)
+
+
+def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     if depth > _DEPTH:
         return _Same(x)
     nxt = depth + 1
@@ -127,25 +146,18 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
         digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes()).digest()
         return ("numpy", a.shape, a.dtype, digest)
     if isinstance(x, types.FunctionType):
-        code = x.__code__
-        read = _names(code)
-        cells = tuple(key(_cell(c), nxt, read) for c in x.__closure__ or ())
-        # A library's module globals are taken as constant (its closures, e.g.
-        # optax's hyperparameters, still count); the user's are compared.
-        library = (x.__module__ or "").split(".")[0] in _LIBRARIES
-        globals_ = tuple(
-            (name, key(x.__globals__[name], nxt, read))
-            for name in sorted(read)
-            if not library and name in x.__globals__
-        )
-        return (
-            "function",
-            code,
-            key(x.__defaults__, nxt, read),
-            key(x.__kwdefaults__, nxt, read),
-            cells,
-            globals_,
-        )
+        seen = getattr(_FUNCTIONS, "seen", None)
+        if seen is None:  # (not under a top-level `key`)
+            return _function(x, nxt)
+        found = seen.get(id(x), _MISSING)
+        if found is None:  # met again while being keyed: a cycle
+            return ("cycle", _Same(x))
+        if found is not _MISSING:
+            return found[1]
+        seen[id(x)] = None
+        found = _function(x, nxt)
+        seen[id(x)] = (x, found)  # (holds `x`: its id is not reused meanwhile)
+        return found
     if isinstance(x, types.MethodType):
         function = key(x.__func__, nxt)
         read = _names(x.__func__.__code__) if hasattr(x.__func__, "__code__") else names
@@ -172,6 +184,35 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     return ("object", _Same(x), code, _attributes(x, names, nxt))
 
 
+def _function(x: types.FunctionType, nxt: int) -> tuple:
+    """The key of a function: its code, defaults, closure values and globals."""
+    code = x.__code__
+    read = _names(code)
+    cells = tuple(key(_cell(c), nxt, read) for c in x.__closure__ or ())
+    # A library's module globals are taken as constant (its closures, e.g.
+    # optax's hyperparameters, still count); the user's are compared.
+    library = (x.__module__ or "").split(".")[0] in _LIBRARIES
+    globals_ = tuple(
+        (name, key(x.__globals__[name], nxt, read))
+        for name in sorted(read)
+        if not library and name in x.__globals__
+    )
+    return (
+        "function",
+        code,
+        key(x.__defaults__, nxt, read),
+        key(x.__kwdefaults__, nxt, read),
+        cells,
+        globals_,
+    )
+
+
+def _holds_tracer(k: Any) -> bool:
+    if isinstance(k, tuple):
+        return any(map(_holds_tracer, k))
+    return isinstance(k, _Same) and isinstance(k.obj, jax.core.Tracer)
+
+
 def _hashable(x: Any) -> bool:
     try:
         hash(x)
@@ -183,12 +224,15 @@ def _hashable(x: Any) -> bool:
 class Keyed:
     """`value`, hashed and compared by `key(value)`: a static argument for `jit`."""
 
-    __slots__ = ("value", "_key", "_hash")
+    __slots__ = ("value", "_key", "_hash", "traced")
 
     def __init__(self, value: Any):
         self.value = value
         self._key = key(value)
         self._hash = hash(self._key)
+        # Whether the key holds a tracer (a closure over a value of an outer
+        # `jax.vmap`/`jax.jit`): then it is never equal to a later one.
+        self.traced = _holds_tracer(self._key)
 
     def __hash__(self) -> int:
         return self._hash

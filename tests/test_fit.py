@@ -997,3 +997,63 @@ assert mw.sharding == lw.sharding == jax.sharding.SingleDeviceSharding(d3)
 print("ok")
 """
     assert on_8_devices(code).stdout.strip() == "ok"
+
+
+class _Term:
+    """A callable whose `__call__` reads two global instances of its class."""
+
+    def __call__(self, x):
+        return _TERM_A(x) + _TERM_B(x) if x is None else jnp.sum((x - 1.0) ** 2)
+
+
+_TERM_A, _TERM_B = _Term(), _Term()
+
+
+def _walk(x):
+    return _walk(x) + _walk_list(x) if x is None else jnp.sum((x - 1.0) ** 2)
+
+
+def _walk_list(x):
+    return _walk(x)
+
+
+def test_key_of_mutually_recursive_code_is_linear():
+    # Keyed once per top-level key: paths through mutual references were walked
+    # one by one (~3 s for `_Term`, since its `__call__` is keyed; hours with 3).
+    import time
+
+    from eqxprob._hashing import key
+
+    for loss in (_Term(), _walk, lambda x: _walk(x)):
+        began = time.perf_counter()
+        assert key(loss) == key(loss)
+        assert time.perf_counter() - began < 0.5
+        x, _ = ep.fit(
+            jnp.zeros(2), loss, optimiser=optax.adam(0.1), steps=300, progress=False
+        )
+        assert jnp.allclose(x, 1.0, atol=1e-3)
+
+
+def test_vmap_of_closed_over_value_is_not_cached():
+    # A plan keyed by a tracer is never met again; cached, it kept the batched
+    # values alive (one per call, up to the cache's size).
+    import gc
+
+    from eqxprob import _fit
+
+    big = jnp.tile(jnp.arange(3.0)[:, None], (1, 40_000))  # targets 0, 1, 2
+    fit = lambda b: ep.fit(  # noqa: E731
+        jnp.zeros(2),
+        lambda x: jnp.sum((x - b[:2]) ** 2),
+        optimiser=optax.adam(0.1),
+        steps=300,
+        progress=False,
+    )
+    before = len(_fit._PLANS)
+    for i in range(3):
+        x, losses = jax.vmap(fit)(big + i)
+        assert jnp.allclose(x, big[:, :2] + i, atol=1e-3)
+        assert losses.shape == (3, 300)
+    gc.collect()
+    assert len(_fit._PLANS) == before
+    assert not [a for a in jax.live_arrays() if a.shape == big.shape and a is not big]
