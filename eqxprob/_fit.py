@@ -630,7 +630,9 @@ def fit(
     if (
         problem.loss.traced  # the loss reads a tracer: its losses are traced
         or problem.optimiser.traced
-        or any(map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer)))
+        or any(
+            map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer))
+        )
     ):
         return _traced(
             plan, train, opt, fixed, fresh, first, steps, leaves, return_state

@@ -91,7 +91,9 @@ def _attributes(x: Any, names: frozenset[str], depth: int) -> tuple:
     return tuple(found)
 
 
-_FUNCTIONS = threading.local()  # per top-level `key`: id -> key, or `None` (being keyed)
+_FUNCTIONS = (
+    threading.local()
+)  # per top-level `key`: id -> key, or `None` (being keyed)
 
 
 def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:

@@ -1042,12 +1042,14 @@ def test_vmap_of_closed_over_value_is_not_cached():
     from eqxprob import _fit
 
     big = jnp.tile(jnp.arange(3.0)[:, None], (1, 40_000))  # targets 0, 1, 2
-    fit = lambda b: ep.fit(  # noqa: E731
-        jnp.zeros(2),
-        lambda x: jnp.sum((x - b[:2]) ** 2),
-        optimiser=optax.adam(0.1),
-        steps=300,
-        progress=False,
+    fit = (
+        lambda b: ep.fit(  # noqa: E731
+            jnp.zeros(2),
+            lambda x: jnp.sum((x - b[:2]) ** 2),
+            optimiser=optax.adam(0.1),
+            steps=300,
+            progress=False,
+        )
     )
     before = len(_fit._PLANS)
     for i in range(3):
