@@ -507,7 +507,11 @@ def fit(
     **Under `jax.jit` or `jax.vmap`** (`jax.jit(lambda m: ep.fit(m, ...))`), the
     chunks become part of the traced program: nothing reaches the host, so there
     is no progress bar and no `NonFiniteLossError` (a non-finite loss shows in the
-    losses), and the chunks are `chunk_size` steps each.
+    losses), and the chunks are `chunk_size` steps each. So is a fit whose loss
+    reads a value of an outer `jax.vmap` (`jax.vmap(lambda t: ep.fit(m, lambda
+    x: (x - t) ** 2, ...))`). Forward-mode derivatives of the result
+    (`jax.jvp`, `jax.jacfwd`) work; reverse mode (`jax.grad`) does not, as for
+    any `lax.while_loop`.
 
     **Arguments:**
 

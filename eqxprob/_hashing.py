@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.core
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -140,6 +141,9 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         if isinstance(x, jax.core.Tracer):
             return _Same(x)
         if x.size <= _SMALL:
+            if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # (no NumPy
+                a = np.asarray(jax.random.key_data(x))  # form: by its key data)
+                return ("key", x.dtype, a.shape, a.dtype, a.tobytes())
             a = np.asarray(x)
             return ("array", a.shape, a.dtype, a.tobytes())
         return _Same(x)  # JAX arrays are immutable: identity is exact

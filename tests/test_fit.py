@@ -913,6 +913,23 @@ def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
         TARGET = old
 
 
+def test_a_loss_closing_over_a_typed_prng_key():
+    """A typed key (no NumPy form) is keyed by its key data: each key trains to
+    its own draw (the quadratic's optimum), and an equal key compiles nothing."""
+
+    def to_draw(k):
+        return lambda x: jnp.sum((x - jax.random.normal(k, (2,))) ** 2)
+
+    for seed in (0, 1):
+        target = jax.random.normal(jax.random.key(seed), (2,))
+        np.testing.assert_allclose(
+            _trained(to_draw(jax.random.key(seed))), target, atol=1e-3
+        )
+    with _Compilations() as c:
+        _trained(to_draw(jax.random.key(1)))  # a new key object, equal
+    assert c.count == 0
+
+
 def test_an_equal_rebound_global_does_not_compile_and_a_new_one_does():
     global TARGET
     _trained(_to_global_target, steps=5)
