@@ -182,7 +182,10 @@ def _to_device_public(values: np.ndarray, sharding: Any, committed: bool) -> Any
     return jax.device_put(values)  # uncommitted: on the default device
 
 
-def _check_to_device() -> bool:
+@functools.cache
+def _to_device_is_private() -> bool:
+    """Whether the private path gives what the public one does (checked once,
+    at the first use rather than at import)."""
     try:
         values = np.arange(3.0, dtype=np.float32)
         sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -199,9 +202,6 @@ def _check_to_device() -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means: use the public fallback
         return False
-
-
-_TO_DEVICE_IS_PRIVATE = _check_to_device()
 
 
 def to_device(values: np.ndarray, sharding: Any, committed: bool) -> jax.Array:
@@ -224,8 +224,8 @@ def to_device(values: np.ndarray, sharding: Any, committed: bool) -> jax.Array:
     dtype = jax.dtypes.canonicalize_dtype(values.dtype)  # float32 without x64
     if values.dtype != dtype:
         values = values.astype(dtype)
-    if _TO_DEVICE_IS_PRIVATE and isinstance(
-        sharding, jax.sharding.SingleDeviceSharding
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding) and (
+        _to_device_is_private()
     ):
         try:
             return _to_device_private(values, sharding, committed)

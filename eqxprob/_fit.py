@@ -107,12 +107,15 @@ class _Problem:
     """The static part of a fit: loss, optimiser and how batches and keys reach
     the loss. Hashed and compared by structure (see `_hashing`)."""
 
-    __slots__ = ("loss", "optimiser", "batch_size", "rows", "takes_key", "_k")
+    __slots__ = ("loss", "optimiser", "batch_size", "rows", "takes_key", "traced", "_k")
 
     def __init__(self, loss_fn, optimiser, batch_size, rows, takes_key):
         self.loss = remembered(loss_fn)
         self.optimiser = remembered(optimiser)
         self.batch_size, self.rows, self.takes_key = batch_size, rows, takes_key
+        # The loss or optimiser reads a tracer (of a `jax.vmap` around `fit`):
+        # the fit is traced, and its plan, never met again, is not cached.
+        self.traced = self.loss.traced or self.optimiser.traced
         self._k = (self.loss, self.optimiser, batch_size, rows, takes_key)
 
     def __hash__(self) -> int:
@@ -376,9 +379,7 @@ def _plan(problem, leaves, treedef, data, key, capacity) -> _Plan:
         capacity,
         jax.config.jax_enable_x64,  # pyright: ignore[reportAttributeAccessIssue]  (the losses' dtype, the placeholder)
     )
-    if problem.loss.traced or problem.optimiser.traced:
-        # (Keyed by a tracer's identity: never met again, and cached it would
-        # keep the tracer, and the batched values it holds, alive.)
+    if problem.traced:  # (cached, it would keep the tracer and its values alive)
         return _Plan(problem, leaves, treedef, data, key, capacity)
     try:
         plan = _PLANS.get(signature)
@@ -443,10 +444,9 @@ def _history(losses: list[np.ndarray], dtype: Any, like: Any) -> Array:
         if len(losses) == 1
         else np.concatenate([np.zeros((0,), dtype), *losses])
     )
-    sharding = None if like is None else _replicated(like)
-    if like is None or sharding is None:
-        return jax.device_put(values)
-    return to_device(values, sharding, like.committed)
+    if like is not None and (sharding := _replicated(like)) is not None:
+        return to_device(values, sharding, like.committed)
+    return jax.device_put(values)
 
 
 def fit(
@@ -631,12 +631,8 @@ def fit(
                 "`FitState` of a fit of the same model with the same optimiser."
             )
         fresh, first = 0, state.step
-    if (
-        problem.loss.traced  # the loss reads a tracer: its losses are traced
-        or problem.optimiser.traced
-        or any(
-            map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer))
-        )
+    if problem.traced or any(
+        map(isinstance, (*train, *opt, *fixed), itertools.repeat(jax.core.Tracer))
     ):
         return _traced(
             plan, train, opt, fixed, fresh, first, steps, leaves, return_state

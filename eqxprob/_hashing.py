@@ -92,9 +92,26 @@ def _attributes(x: Any, names: frozenset[str], depth: int) -> tuple:
     return tuple(found)
 
 
-_FUNCTIONS = (
-    threading.local()
-)  # per top-level `key`: id -> key, or `None` (being keyed)
+class _Walk(threading.local):
+    """The state of one top-level `key` in this thread: the functions keyed so
+    far (id -> (function, its key), or `None` while it is being keyed), and
+    whether the key holds a tracer."""
+
+    seen: dict | None = None
+    traced: bool = False
+
+
+_WALK = _Walk()
+
+
+def _top(x: Any, depth: int, names: frozenset[str]) -> tuple[Any, bool]:
+    """`key(x)` and whether it holds a tracer (a value of an outer `jax.vmap` or
+    `jax.jit`, never met again)."""
+    _WALK.seen, _WALK.traced = {}, False
+    try:
+        return _key(x, depth, names), _WALK.traced
+    finally:
+        _WALK.seen = None
 
 
 def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
@@ -105,12 +122,8 @@ def key(x: Any, depth: int = 0, names: frozenset[str] = frozenset()) -> Any:
     objects, through their `__call__`) that read each other through globals or
     cells would otherwise be walked once per path, exponentially many, and one
     met again while it is being keyed is keyed by identity (a cycle)."""
-    if depth == 0:
-        _FUNCTIONS.seen = {}
-        try:
-            return _key(x, 0, names)
-        finally:
-            _FUNCTIONS.seen = None
+    if _WALK.seen is None:
+        return _top(x, depth, names)[0]
     return _key(x, depth, names)
 
 
@@ -125,8 +138,8 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     if x is None or isinstance(x, (bool, int, str, bytes)):
         return (type(x), x)
     if isinstance(x, types.ModuleType):
-        if x.__name__.split(".")[0] in _LIBRARIES:  # its data is constant, as
-            return ("module", _Same(x))  # a library function's globals are
+        if _library(x):  # its data is constant, as a library function's
+            return ("module", _Same(x))  # globals are
         return ("module", _Same(x), _attributes(x, names, nxt))
     if isinstance(x, (type, types.BuiltinFunctionType, np.dtype)):
         return _Same(x) if not _hashable(x) else ("id", x)
@@ -139,6 +152,7 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         )
     if isinstance(x, jax.Array):
         if isinstance(x, jax.core.Tracer):
+            _WALK.traced = True
             return _Same(x)
         if x.size <= _SMALL:
             if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # (no NumPy
@@ -152,9 +166,8 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes()).digest()
         return ("numpy", a.shape, a.dtype, digest)
     if isinstance(x, types.FunctionType):
-        seen = getattr(_FUNCTIONS, "seen", None)
-        if seen is None:  # (not under a top-level `key`)
-            return _function(x, nxt)
+        seen = _WALK.seen
+        assert seen is not None  # (set by the top-level `key`)
         found = seen.get(id(x), _MISSING)
         if found is None:  # met again while being keyed: a cycle
             return ("cycle", _Same(x))
@@ -197,7 +210,7 @@ def _function(x: types.FunctionType, nxt: int) -> tuple:
     cells = tuple(key(_cell(c), nxt, read) for c in x.__closure__ or ())
     # A library's module globals are taken as constant (its closures, e.g.
     # optax's hyperparameters, still count); the user's are compared.
-    library = (x.__module__ or "").split(".")[0] in _LIBRARIES
+    library = _library(x)
     globals_ = tuple(
         (name, key(x.__globals__[name], nxt, read))
         for name in sorted(read)
@@ -211,12 +224,6 @@ def _function(x: types.FunctionType, nxt: int) -> tuple:
         cells,
         globals_,
     )
-
-
-def _holds_tracer(k: Any) -> bool:
-    if isinstance(k, tuple):
-        return any(map(_holds_tracer, k))
-    return isinstance(k, _Same) and isinstance(k.obj, jax.core.Tracer)
 
 
 def _hashable(x: Any) -> bool:
@@ -234,11 +241,10 @@ class Keyed:
 
     def __init__(self, value: Any):
         self.value = value
-        self._key = key(value)
+        # (`traced`: the key holds a tracer, a closure over a value of an outer
+        # `jax.vmap`/`jax.jit`, so it is never equal to a later one.)
+        self._key, self.traced = _top(value, 0, frozenset())
         self._hash = hash(self._key)
-        # Whether the key holds a tracer (a closure over a value of an outer
-        # `jax.vmap`/`jax.jit`): then it is never equal to a later one.
-        self.traced = _holds_tracer(self._key)
 
     def __hash__(self) -> int:
         return self._hash
@@ -247,12 +253,16 @@ class Keyed:
         return isinstance(other, Keyed) and self._key == other._key
 
 
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, np.dtype, type)
+_IMMUTABLE = (  # values fixed for life
+    type(None), bool, int, float, complex, str, bytes, np.dtype, type, types.CodeType
+)  # fmt: skip
 _MISSING = object()  # a global name the code reads that is not defined
 
 
 def _library(x: Any) -> bool:
-    return (getattr(x, "__module__", None) or "").split(".")[0] in _LIBRARIES
+    """Whether the module `x`, or the module `x` was defined in, is a library's."""
+    name = x.__name__ if isinstance(x, types.ModuleType) else x.__module__
+    return (name or "").split(".")[0] in _LIBRARIES
 
 
 def frozen(x: Any, depth: int = 0) -> bool:
@@ -266,14 +276,14 @@ def frozen(x: Any, depth: int = 0) -> bool:
     if isinstance(x, jax.Array):
         return not isinstance(x, jax.core.Tracer)
     if isinstance(x, types.ModuleType):
-        return x.__name__.split(".")[0] in _LIBRARIES
+        return _library(x)
     if isinstance(x, tuple):  # NamedTuples included: optax's transformations
         return all(frozen(v, depth + 1) for v in x)
     if isinstance(x, types.FunctionType):
         if not _library(x):
             return False
         values = _reads(x, ())
-        return values is not None and all(frozen(v, depth + 1) for v in values[2:])
+        return values is not None and all(frozen(v, depth + 1) for v in values)
     if isinstance(x, functools.partial):
         # (Not with keywords: `x.keywords` is a dict, changed in place while `x`
         # stays the same object.)
@@ -329,7 +339,7 @@ def remembered(value: Any) -> Keyed:
     if isinstance(value, types.FunctionType) and not _library(value):
         names = tuple(sorted(_names(value.__code__)))
         read = _reads(value, names)
-        if read is None or not all(frozen(v) for v in read[2:]):
+        if read is None or not all(map(frozen, read)):
             return keyed
     elif frozen(value):
         read = ()

@@ -61,7 +61,7 @@ def test_pin_jax_array_alias_fast_path():
 
 
 def test_pin_jax_batched_device_put_for_host_arrays():
-    assert _families._TO_DEVICE_IS_PRIVATE, (
+    assert _families._to_device_is_private(), (
         "jax._src.interpreters.pxla.batched_device_put(aval, sharding, xs, devices, "
         "committed=) or jax._src.core.ShapedArray changed: ep.fit's losses fall back "
         "to jax.device_put (~15 µs slower). Update eqxprob/_families.py:"
