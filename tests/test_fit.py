@@ -1,5 +1,6 @@
 """`ep.fit` against hand-written optax loops."""
 
+import concurrent.futures
 import functools
 
 import distrax
@@ -911,6 +912,31 @@ def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
         np.testing.assert_allclose(_trained(ToGlobalTarget()), -3.0, atol=1e-3)
     finally:
         TARGET = old
+
+
+def test_keys_of_complex_signed_zeros_nan_and_from_8_threads():
+    """A complex keys with the signs of both parts; a NaN in the loss's closure
+    still raises (no stale program); 8 threads keying and fitting their own
+    targets at once each reach their own optimum."""
+
+    def to_angle(c):
+        return lambda x: jnp.sum((x - jnp.arctan2(c.imag, c.real)) ** 2)
+
+    for c, angle in ((complex(-1.0, 0.0), np.pi), (complex(-1.0, -0.0), -np.pi)):
+        np.testing.assert_allclose(_trained(to_angle(c)), angle, atol=1e-3)
+
+    def to_target(t):
+        return lambda x: jnp.sum((x - t) ** 2)
+
+    for _ in range(2):
+        with pytest.raises(ep.NonFiniteLossError):
+            _trained(to_target(float("nan")), steps=5)
+
+    targets = [float(t) for t in range(-4, 4)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        trained = list(pool.map(lambda t: _trained(to_target(t)), targets))
+    for t, x in zip(targets, trained):
+        np.testing.assert_allclose(x, t, atol=1e-3)
 
 
 def test_a_loss_closing_over_a_typed_prng_key():
