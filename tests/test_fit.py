@@ -1042,6 +1042,62 @@ print("ok")
     assert on_8_devices(code).stdout.strip() == "ok"
 
 
+def test_fit_under_meshes_with_explicit_axes_on_8_devices():
+    """Under `jax.make_mesh`'s default `Explicit` axes a sharding is part of an
+    array's type: the losses' buffer, the optimiser state and each minibatch
+    are typed to match. A sharded fit (whole data; batches that split evenly
+    over the row shards and that do not; a parameter sharded over another axis;
+    under `jax.jit`) gives the losses and model of the same fit on one device,
+    keeps the parameter's sharding, continues from its `FitState` and names the
+    failing step."""
+    code = """
+import jax, jax.numpy as jnp, numpy as np, optax, eqxprob as ep
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+loss = lambda m, b: jnp.mean((b - m["a"]) ** 2) + jnp.sum((m["w"] - 1.0) ** 2)
+kw = dict(optimiser=optax.adam(0.1), steps=60, progress=False)
+data = jnp.arange(128.0).reshape(64, 2)
+start = {"a": jnp.zeros(()), "w": jnp.zeros(8)}
+mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+mesh2 = jax.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+cases = ((mesh, P("x"), P("x")), (mesh2, P(("x", "y")), P("y")),
+         (mesh2, P("x", "y"), P()))
+for batch in (None, 16, 12):
+    extra = {} if batch is None else dict(batch_size=batch, key=jax.random.key(1))
+    m0, l0 = ep.fit(start, loss, data=data, **kw, **extra)
+    for mesh_, rows, w in cases:
+        d = jax.device_put(data, NamedSharding(mesh_, rows))
+        s = {"a": start["a"], "w": jax.device_put(start["w"], NamedSharding(mesh_, w))}
+        m, losses = ep.fit(s, loss, data=d, **kw, **extra)
+        np.testing.assert_allclose(np.asarray(losses), np.asarray(l0), rtol=1e-5)
+        for k in m0:
+            np.testing.assert_allclose(np.asarray(m[k]), np.asarray(m0[k]), rtol=1e-5)
+        assert losses.sharding.is_fully_replicated and losses.sharding.mesh == mesh_
+        assert m["w"].sharding.is_equivalent_to(NamedSharding(mesh_, w), 1)
+        if mesh_ is mesh2:
+            continue
+        traced = jax.jit(lambda s, d: ep.fit(s, loss, data=d, **kw, **extra))(s, d)
+        np.testing.assert_allclose(np.asarray(traced[1]), np.asarray(l0), rtol=1e-5)
+        # The model closed over, on no mesh: only the data is typed with one.
+        traced = jax.jit(lambda d: ep.fit(start, loss, data=d, **kw, **extra))(d)
+        np.testing.assert_allclose(np.asarray(traced[1]), np.asarray(l0), rtol=1e-5)
+w = jax.device_put(jnp.zeros(8), NamedSharding(mesh, P("x")))
+square = lambda w: jnp.sum((w - 1.0) ** 2)
+kw = dict(optimiser=optax.adam(0.1), progress=False)
+a, _, state = ep.fit(w, square, steps=20, return_state=True, **kw)
+a, _ = ep.fit(a, square, steps=30, state=state, **kw)
+b, _ = ep.fit(w, square, steps=50, **kw)
+np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+try:
+    ep.fit(w, lambda w: jnp.sum(jnp.log(w + 0.05)), steps=10, **kw)
+except ep.NonFiniteLossError as e:
+    assert e.step == 1 and e.model.sharding.spec == P("x"), (e.step, e.model)
+else:
+    raise AssertionError("no NonFiniteLossError")
+print("ok")
+"""
+    assert on_8_devices(code).stdout.strip() == "ok"
+
+
 class _Term:
     """A callable whose `__call__` reads two global instances of its class."""
 
