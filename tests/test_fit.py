@@ -422,6 +422,124 @@ def test_calls_differing_in_steps_or_with_equal_fresh_optimisers_do_not_compile(
     assert c.count > 0
 
 
+def _blocks_after(monkeypatch, steps):
+    from eqxprob import _fit
+
+    monkeypatch.setattr(_fit, "_BLOCKS_AFTER", steps)
+    return _fit
+
+
+def _scan_fit(x0, loss, optimiser, steps):
+    """A hand-written `lax.scan` of optax steps: the trained array and losses."""
+
+    def body(carry, _):
+        x, state = carry
+        value, grads = jax.value_and_grad(loss)(x)
+        updates, state = optimiser.update(grads, state, x)
+        return (optax.apply_updates(x, updates), state), value
+
+    (x, _), losses = jax.lax.scan(body, (x0, optimiser.init(x0)), None, length=steps)
+    return x, losses
+
+
+@pytest.mark.standard_promotion("the hand-written reference runs optax directly")
+@pytest.mark.parametrize("x64", [False, True])
+def test_a_small_models_blocked_loop_is_the_flat_loop(monkeypatch, x64):
+    """A model small enough for blocks (every array at most 512 bytes) runs its
+    chunks in blocks of 512 bytes of losses once it has run `_BLOCKS_AFTER`
+    steps: the same losses and model, bit for bit, as the flat loop, for chunks
+    shorter and longer than a block, over their edges, with a per-step key and
+    with minibatches, and as a hand-written `lax.scan`."""
+    square = lambda x: jnp.sum((x - 3.0) ** 2)
+    noisy = lambda x, key: jnp.sum((x - 3.0 - 0.1 * jax.random.normal(key, (2,))) ** 2)
+    rows = lambda x, b: jnp.sum((x - jnp.mean(b)) ** 2)
+    from eqxprob import _fit
+
+    _fit._PLANS.clear()
+    with jax.enable_x64(x64):
+        block = 64 if x64 else 128
+        data = jnp.arange(40.0) / 40
+        kinds = [
+            dict(loss_fn=square),
+            dict(loss_fn=noisy, key=jax.random.key(3)),
+            dict(loss_fn=rows, data=data, batch_size=5, key=jax.random.key(4)),
+        ]
+        for steps, chunk_size in [
+            (1, 10_000),
+            (block - 1, 10_000),
+            (block, 10_000),
+            (block + 1, 10_000),
+            (3 * block + 5, 10_000),
+            (1001, block + 1),
+            (777, block // 2),
+        ]:
+            for kind in kinds:
+
+                def run(after, steps=steps, chunk_size=chunk_size, kind=kind):
+                    _blocks_after(monkeypatch, after)
+                    return ep.fit(
+                        jnp.zeros(2),
+                        optimiser=optax.adam(0.1),
+                        steps=steps,
+                        chunk_size=chunk_size,
+                        progress=False,
+                        **kind,
+                    )
+
+                (flat, flat_losses), (blocked, losses) = run(10**9), run(0)
+                np.testing.assert_array_equal(
+                    np.asarray(losses), np.asarray(flat_losses)
+                )
+                np.testing.assert_array_equal(np.asarray(blocked), np.asarray(flat))
+                assert losses.shape == (steps,)
+                if kind["loss_fn"] is square:
+                    x, hand = _scan_fit(jnp.zeros(2), square, optax.adam(0.1), steps)
+                    np.testing.assert_allclose(
+                        np.asarray(losses), np.asarray(hand), rtol=1e-6
+                    )
+                    np.testing.assert_allclose(
+                        np.asarray(blocked), np.asarray(x), rtol=1e-6
+                    )
+    plans = list(_fit._PLANS.values())
+    assert len(plans) == 9 and all(p.block == block and p._blocked for p in plans)
+
+
+@pytest.mark.standard_promotion("the hand-written reference runs optax directly")
+def test_a_small_model_compiles_its_blocks_once_after_its_first_steps(monkeypatch):
+    """The flat loop until the model's plan has run `_BLOCKS_AFTER` steps, then
+    one compile of the blocked loop (two `while` loops in its HLO, the flat one
+    has one), and none after; a model with any array over 512 bytes stays flat;
+    a non-finite step is found inside a block."""
+    fit = _blocks_after(monkeypatch, 500)
+    fit._PLANS.clear()
+    square = lambda x: jnp.sum((x - 3.0) ** 2)
+    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+    counts = []
+    for _ in range(4):
+        with _Compilations() as c:
+            ep.fit(jnp.zeros(2), square, **kw)
+        counts.append(c.count)
+    assert counts[0] >= 1 and counts[1] == 0 and counts[2] >= 1 and counts[3] == 0
+    (plan,) = fit._PLANS.values()
+    args = (plan.template, [], *fit._counters(0, 10, 1))
+    for program, loops in ((plan.run, 1), (plan._blocked, 2)):
+        hlo = program.lower([jnp.zeros(2)], *args).compile().as_text()
+        assert hlo.count(" while(") == loops
+    big = jnp.linspace(0.0, 1.0, 129)  # 516 bytes of float32
+    ep.fit(jnp.zeros(2), lambda x: jnp.sum((x - big[:2]) ** 2) + 0 * big.sum(), **kw)
+    assert [p.block for p in fit._PLANS.values()] == [128, None]
+
+    log = lambda x: jnp.sum(jnp.log(x - 3.0))
+    _, hand = _scan_fit(jnp.full(2, 3.5), log, optax.adam(0.1), 300)
+    broke = int(np.argmax(~np.isfinite(np.asarray(hand))))
+    assert broke > 0
+    _blocks_after(monkeypatch, 0)  # blocks from the first chunk on
+    with pytest.raises(ep.NonFiniteLossError) as e:
+        ep.fit(jnp.full(2, 3.5), log, **kw)
+    assert e.value.step == broke and list(fit._PLANS.values())[-1]._blocked
+    np.testing.assert_allclose(e.value.losses[:-1], hand[:broke], rtol=1e-6)
+
+
 def test_minibatch_step_cost_does_not_grow_with_the_rows():
     """The compiled step is the same program for 10k and 1M rows (no sort, no
     permutation): a deterministic proxy for a flat per-step cost. (`ep.fit` under
