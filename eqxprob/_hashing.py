@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
+import struct
 import threading
 import types
 from typing import Any
@@ -131,10 +131,12 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     if depth > _DEPTH:
         return _Same(x)
     nxt = depth + 1
-    if isinstance(x, float):  # (0.0 == -0.0: the sign tells them apart)
-        return (type(x), x, math.copysign(1.0, x))
+    # Floats by their bits: 0.0 == -0.0 compute differently (`arctan2`), and a
+    # NaN, unequal to itself, would make a new key (a compile) at every call.
+    if isinstance(x, float):
+        return (type(x), struct.pack("<d", x))
     if isinstance(x, complex):
-        return (type(x), x, math.copysign(1.0, x.real), math.copysign(1.0, x.imag))
+        return (type(x), struct.pack("<dd", x.real, x.imag))
     if x is None or isinstance(x, (bool, int, str, bytes)):
         return (type(x), x)
     if isinstance(x, types.ModuleType):

@@ -1034,7 +1034,8 @@ def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
 
 def test_keys_of_complex_signed_zeros_nan_and_from_8_threads():
     """A complex keys with the signs of both parts; a NaN in the loss's closure
-    still raises (no stale program); 8 threads keying and fitting their own
+    still raises (no stale program), and a new NaN object compiles nothing (keyed
+    by its bits); 8 threads keying and fitting their own
     targets at once each reach their own optimum."""
 
     def to_angle(c):
@@ -1049,6 +1050,15 @@ def test_keys_of_complex_signed_zeros_nan_and_from_8_threads():
     for _ in range(2):
         with pytest.raises(ep.NonFiniteLossError):
             _trained(to_target(float("nan")), steps=5)
+
+    def unless_nan(t):  # a NaN the loss reads but its value does not hold
+        return lambda x: jnp.sum((x - jnp.where(jnp.isnan(t), 2.0, t)) ** 2)
+
+    np.testing.assert_allclose(_trained(unless_nan(float("nan"))), 2.0, atol=1e-3)
+    with _Compilations() as c:  # a new NaN object: equal bits, the same program
+        np.testing.assert_allclose(_trained(unless_nan(float("nan"))), 2.0, atol=1e-3)
+    assert c.count == 0
+    np.testing.assert_allclose(_trained(unless_nan(1.5)), 1.5, atol=1e-3)
 
     targets = [float(t) for t in range(-4, 4)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
