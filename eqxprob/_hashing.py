@@ -16,6 +16,7 @@ program for the other is exact. What falls back to identity only costs a compile
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import struct
@@ -23,6 +24,7 @@ import threading
 import types
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
@@ -198,6 +200,13 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     if isinstance(call, types.FunctionType):  # a callable object: what its code
         names = names | _names(call.__code__)  # reads of it, and its globals
         code = key(call, nxt)
+    if isinstance(x, eqx.Module) and not _hashable(x):  # (array fields)
+        # Immutable, and every field known: by the fields' keys, not by identity,
+        # so an equal Module made afresh for each call compiles nothing.
+        fields = tuple(
+            (f.name, key(getattr(x, f.name), nxt)) for f in dataclasses.fields(x)
+        )
+        return ("module", type(x), code, fields)
     if _hashable(x) and not hasattr(x, "__dict__"):
         return ("value", type(x), x, code)
     if _hashable(x) and type(x).__eq__ is not object.__eq__:

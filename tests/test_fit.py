@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import functools
+from collections.abc import Callable
 
 import distrax
 import equinox as eqx
@@ -1001,6 +1002,37 @@ class ToGlobalTarget(eqx.Module):
 
     def __call__(self, x):
         return jnp.sum((x - TARGET) ** 2)
+
+
+class ToTarget(eqx.Module):
+    """A callable module with an array field and a function field."""
+
+    target: jax.Array
+    scale: Callable = lambda v: v
+
+    def __call__(self, x):
+        return jnp.sum((x - self.scale(self.target)) ** 2)
+
+
+def test_an_equal_callable_module_made_afresh_compiles_nothing():
+    """An `eqx.Module` (immutable, every field known) is keyed by its fields:
+    one made afresh per call with equal fields reuses the program; one whose
+    array, large array or function field differs trains to its own optimum."""
+    for _ in range(2):
+        with _Compilations() as c:
+            x = _trained(ToTarget(jnp.array([1.0, 2.0])))
+        np.testing.assert_allclose(x, [1, 2], atol=1e-3)
+    assert c.count == 0
+    x = _trained(ToTarget(jnp.array([-1.0, 0.5])))
+    np.testing.assert_allclose(x, [-1, 0.5], atol=1e-3)
+    double = ToTarget(jnp.array([1.0, 2.0]), lambda v: 2 * v)
+    np.testing.assert_allclose(_trained(double), [2, 4], atol=1e-3)
+    big = lambda v: ToTarget(jnp.full((2000,), v))  # noqa: E731  (by identity)
+    wide = lambda x, m: jnp.sum((x[:, None] - m.target[None, :2]) ** 2)  # noqa: E731
+    for v in (1.5, -2.5):
+        module = big(v)
+        x = _trained(lambda x, m=module: wide(x, m))
+        np.testing.assert_allclose(x, v, atol=1e-3)
 
 
 def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
