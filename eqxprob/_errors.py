@@ -19,11 +19,6 @@ import numpy as np
 from jaxtyping import Array, ArrayLike
 
 
-# The type of a concrete JAX array (`ArrayImpl`): `type(x) is CONCRETE` is the
-# fast test the eager paths use first (tracers and NumPy arrays are not).
-CONCRETE = type(jnp.zeros(()))
-
-
 def is_traced(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 

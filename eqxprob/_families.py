@@ -27,6 +27,10 @@ fails with a message naming it when the upstream library changes):
   _skip_checks=True)` with `Array._arrays` and `Array._committed`, to make a fresh
   reference to a concrete array without copying it (about 2 µs). If it fails,
   `jax.device_put(x, may_alias=False)` (public, but a copy) is used instead.
+- JAX: `jax._src.array.ArrayImpl` as the type of a concrete array (`CONCRETE`,
+  for `type(x) is CONCRETE` fast paths), named rather than found from
+  `type(jnp.zeros(()))`, which at import would start JAX's backend (after which
+  `jax.config` can no longer choose the devices). If it moved, that is used.
 - JAX: `jax.lax.copy_p` (exported, but a primitive rather than a documented
   function) for fresh tracers; it compiles away (same HLO, tested).
 - JAX: `jax._src.interpreters.pxla.batched_device_put(aval, sharding, xs, devices,
@@ -112,6 +116,20 @@ def require_numpyro() -> Any:
 # --------------------------------------------------------------- fresh references
 
 
+def _concrete_type() -> type:
+    try:
+        from jax._src.array import ArrayImpl
+
+        return ArrayImpl
+    except ImportError:  # moved: ask JAX (this starts its backend)
+        return type(jnp.zeros(()))
+
+
+# The type of a concrete JAX array: `type(x) is CONCRETE` is the fast test the
+# eager paths use first (tracers and NumPy arrays are not).
+CONCRETE = _concrete_type()
+
+
 def _alias_private(x: jax.Array) -> jax.Array:
     from jax._src.array import ArrayImpl
 
@@ -135,8 +153,15 @@ def _check_alias(alias: Callable[[jax.Array], jax.Array]) -> bool:
         return False
 
 
-_ALIAS_IS_PRIVATE = _check_alias(_alias_private)
-_alias = _alias_private if _ALIAS_IS_PRIVATE else _alias_public
+@functools.cache
+def _alias_is_private() -> bool:
+    """Whether the private path works (checked at the first use: at import it
+    would start JAX's backend, after which `jax.config` cannot pick devices)."""
+    return _check_alias(_alias_private)
+
+
+def _alias(x: jax.Array) -> jax.Array:
+    return _alias_private(x) if _alias_is_private() else _alias_public(x)
 
 
 def fresh(x: Any) -> Any:

@@ -26,7 +26,7 @@ import numpy as np
 import wadler_lindig as wl
 from jaxtyping import Array, ArrayLike, Float, PyTree, Real
 
-from . import _constraint, _errors, _transforms
+from . import _constraint, _errors, _families, _transforms
 from ._constraint import Constraint
 
 
@@ -588,7 +588,7 @@ def sharing(transform: Any) -> Any:
 _UNSEEN = object()
 
 
-_ARRAY = _errors.CONCRETE  # concrete arrays only: tracers are not batched
+_ARRAY = _families.CONCRETE  # concrete arrays only: tracers are not batched
 
 resolve_all_bijectors = resolve
 

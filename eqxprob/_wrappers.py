@@ -32,8 +32,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from tensorflow_probability.substrates import jax as tfp
 
 from . import _families
-from ._errors import CONCRETE
-from ._families import Family, family_of, float_key, fresh, fresh_tree
+from ._families import CONCRETE, Family, family_of, float_key, fresh, fresh_tree
 
 
 tfd = tfp.distributions

@@ -45,8 +45,26 @@ def _close(a, b, rtol=1e-5, atol=1e-6):
 # --- pins on private upstream APIs ------------------------------------------
 
 
+def test_pin_jax_concrete_array_type():
+    assert type(jnp.zeros(())) is _families.CONCRETE, (
+        "jax._src.array.ArrayImpl is no longer the type of a concrete array: "
+        "update eqxprob/_families.py:_concrete_type."
+    )
+    assert _families._concrete_type() is _families.CONCRETE
+
+
+def test_import_leaves_jax_backend_unstarted():
+    """After `import eqxprob` JAX's devices can still be chosen (nothing at
+    import starts its backend): here 3 CPU devices."""
+    code = (
+        "import eqxprob, jax; jax.config.update('jax_num_cpu_devices', 3); "
+        "print(len(jax.devices()))"
+    )
+    assert run_python("-c", code).stdout.strip() == "3"
+
+
 def test_pin_jax_array_alias_fast_path():
-    assert _families._ALIAS_IS_PRIVATE, (
+    assert _families._alias_is_private(), (
         "jax._src.array.ArrayImpl(aval, sharding, arrays, committed=, "
         "_skip_checks=) or Array._arrays/_committed changed: eqxprob falls back to "
         "jax.device_put(x, may_alias=False), which copies. Update "
