@@ -27,6 +27,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from . import _errors, _metadata, _parameter, _transforms
+from ._hashing import key
 from ._wrappers import FixedDistrax
 
 
@@ -46,10 +47,15 @@ def _is_template_leaf(x: Any) -> bool:
 
 
 class _Random:
-    """What the guide knows about one random parameter. Static: hashed by
-    identity (its prior and transform may hold arrays, baked in as constants)."""
+    """What the guide knows about one random parameter. Static, and its prior
+    and transform may hold arrays, baked into compiled programs as constants:
+    compared by their structural keys (`_hashing.key`: small arrays by value,
+    others by identity), so two guides of equal models share their programs."""
 
-    __slots__ = ("label", "index", "start", "shape", "transform", "prior", "gaussian")
+    __slots__ = (
+        "label", "index", "start", "shape", "transform", "prior", "gaussian",
+        "_key", "_hash",
+    )  # fmt: skip
 
     def __init__(self, label, index, start, shape, transform, prior, gaussian):
         self.label = label  # the parameter's path, for messages
@@ -59,6 +65,15 @@ class _Random:
         self.transform = transform
         self.prior = prior
         self.gaussian = gaussian  # (loc, scale) of a Normal prior on an identity leaf
+        statics = map(key, (transform, prior, gaussian))
+        self._key = (label, index, start, shape, *statics)
+        self._hash = hash(self._key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Random) and self._key == other._key)
 
     def __repr__(self) -> str:
         return f"random({self.label}, shape={self.shape})"

@@ -122,6 +122,36 @@ def test_full_rank_optimum_is_the_exact_posterior():
         np.testing.assert_allclose(q.mean().w, mean, atol=1e-3)
 
 
+def test_guides_of_equal_models_share_their_compiled_fit():
+    """A guide's static part (its random parameters' priors and transforms) is
+    compared by structure: a fresh guide of an equal model reuses the compiled
+    fit; one of another start trains with it to its own (closed-form) optimum."""
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    def loss(q, key):
+        return -ep.elbo(q, _loglik(X, Y), key, num_samples=16)
+
+    kw = dict(optimiser=optax.adam(0.05), steps=600, progress=False)
+    mean, _ = _posterior()
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        starts = (jnp.zeros(2), jnp.zeros(2), jnp.array([5.0, -5.0]))
+        for i, start in enumerate(starts):
+            before = len(compiles)
+            q = ep.guide(Regression(start))
+            q, _ = ep.fit(q, loss, key=jax.random.key(0), **kw)
+            np.testing.assert_allclose(q.loc, mean, atol=0.1)
+            if i == 1:  # the second guide of the first model
+                assert len(compiles) == before
+        assert hash(ep.guide(Regression(jnp.zeros(2))).randoms) == hash(q.randoms)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
 class Rate(eqx.Module):
     rate: jax.Array = ep.field(
         constraint=ep.constraints.positive, prior=distrax.Gamma(3.0, 2.0)
