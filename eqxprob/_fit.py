@@ -196,8 +196,9 @@ class _Plan:
     `fresh`, `opt` is `template`, zeros of the state's shapes, and the program
     initialises the state itself unless that is zeros already (`zero_init`): one
     program, and one dispatch per chunk. It returns the new leaves and
-    `end + 1` floats: NaN, then the `length` losses in the slots just before the
-    last, then 0 if every trained parameter is finite and NaN if not. (`end` is
+    `end + 1` floats: zeros, then the `length` losses in the slots just before
+    the last, then 0 if every trained parameter is finite and NaN if not (no
+    NaN otherwise, so `jax_debug_nans` flags only a non-finite fit). (`end` is
     `capacity`, plus `block` for a model small enough for blocks: `_block`.)
     """
 
@@ -263,19 +264,32 @@ class _Plan:
             )
         )
 
-    def start(self, train: list) -> list:
-        """The optimiser state a fresh fit of `train` starts from: `template`,
-        or under a mesh with `Explicit` axes the initial state itself, typed with
-        the shardings the optimiser gives it (a state sharded as its parameters:
-        the loop's carry must keep its type)."""
+    def start(self, train: list, opt: list | None = None) -> list:
+        """The optimiser state a fit of `train` starts from: a fresh fit's
+        (`opt=None`) or `opt`, a `FitState`'s leaves. That is `template` or
+        `opt` as it is, except under a mesh with `Explicit` axes, where a
+        sharding is part of an array's type and the loop's carry must keep its
+        type: then the state is typed with the shardings the optimiser gives it
+        (sharded as its parameters), the initial state itself or `opt` moved
+        there (a state from a fit on one device, say)."""
         mesh = _explicit_mesh(train[0])
         if mesh is None:
-            return self.template
+            return self.template if opt is None else opt
         # (The state reads no input's devices, so `jax.jit` asks for the mesh;
         # a traced fit, whose mesh is abstract, has its caller's.)
         concrete = isinstance(mesh, jax.sharding.Mesh)
         with jax.set_mesh(mesh) if concrete else contextlib.nullcontext():
-            return self._initial(train)
+            initial = self._initial(train)
+        if opt is None:
+            return initial
+        if not concrete:
+            return opt
+        return [
+            x
+            if getattr(x, "sharding", None) == i.sharding
+            else jax.device_put(x, i.sharding)
+            for x, i in zip(opt, initial)
+        ]
 
     def program(self) -> tuple[Callable, bool]:
         """The compiled chunk for the next eager chunk, and whether it is new
@@ -390,14 +404,14 @@ class _Plan:
             return jax.lax.while_loop(lambda c: c[0] > 0, body, carry)[1:]
 
         replicated = None if mesh is None else _named(mesh, [])
-        losses = jnp.full((self.end + 1,), jnp.nan, self.dtype, device=replicated)
+        losses = jnp.zeros((self.end + 1,), self.dtype, device=replicated)
         if not blocked:
             params, state, losses = steps(length, params, state, losses, self.end)
         else:
             # Blocks of `block` steps (the first one shorter if need be) whose
             # losses go to a buffer of 512 bytes, copied into the chunk's after
-            # each block (`_block`). The losses of the first block's slots before
-            # its own steps stay NaN, before the chunk's first loss.
+            # each block (`_block`). The first block's slots before its own steps
+            # hold zeros, before the chunk's first loss.
             block = self.block
 
             def blocks(carry: tuple) -> tuple:
@@ -408,7 +422,7 @@ class _Plan:
                 losses = jax.lax.dynamic_update_slice_in_dim(losses, blk, at, 0)
                 return left - n, p, state, blk, losses
 
-            blk = jnp.full((block,), jnp.nan, self.dtype, device=replicated)
+            blk = jnp.zeros((block,), self.dtype, device=replicated)
             carry = (length, params, state, blk, losses)
             _, params, state, _, losses = jax.lax.while_loop(
                 lambda c: c[0] > 0, blocks, carry
@@ -679,7 +693,8 @@ def fit(
     - `model`: any PyTree, typically an `eqx.Module` holding `ep.Bijector`s (resolve
       them inside `loss_fn` with `ep.resolve`).
     - `loss_fn`: as above.
-    - `optimiser`: an optax `GradientTransformation` (called: `optax.adam(1e-2)`).
+    - `optimiser`: an optax `GradientTransformation` (called: `optax.adam(1e-2)`),
+      or an `optax.MultiSteps` (its `gradient_transformation()` is used).
       Optimisers that need the loss value or function (`optax.lbfgs`, line
       searches, `optax.contrib.reduce_on_plateau`) get `value=`, `grad=` and
       `value_fn=` (the same batch and key).
@@ -725,7 +740,7 @@ def fit(
     """
     steps = _check_int("steps", steps)
     chunk_size = _check_int("chunk_size", chunk_size)
-    _check_optimiser(optimiser)
+    optimiser = _checked_optimiser(optimiser)
     if progress not in (True, False):
         raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
     if state is not None and not isinstance(state, FitState):
@@ -799,8 +814,7 @@ def fit(
             plan, train, opt, fixed, fresh, first, steps, leaves, return_state
         )
     train, opt, fixed = _place_together(train, opt, fixed)
-    if fresh:
-        opt = plan.start(train)
+    opt = plan.start(train, None if fresh else opt)
 
     bar = _progress_bar(progress, steps)
     losses: list[np.ndarray] = []
@@ -947,9 +961,13 @@ def _check_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def _check_optimiser(optimiser: Any) -> None:
+def _checked_optimiser(optimiser: Any) -> optax.GradientTransformation:
+    """`optimiser`, or the transformation of an optax wrapper that holds one
+    (`optax.MultiSteps(...).gradient_transformation()`)."""
     if isinstance(optimiser, optax.GradientTransformation):
-        return
+        return optimiser
+    if isinstance(optimiser, optax.MultiSteps):
+        return optimiser.gradient_transformation()
     if callable(optimiser) and not hasattr(optimiser, "update"):
         name = getattr(optimiser, "__name__", repr(optimiser))
         raise TypeError(

@@ -541,6 +541,35 @@ def test_a_small_model_compiles_its_blocks_once_after_its_first_steps(monkeypatc
     np.testing.assert_allclose(e.value.losses[:-1], hand[:broke], rtol=1e-6)
 
 
+@pytest.mark.standard_promotion("the hand-written reference runs optax directly")
+def test_multisteps_trains_as_its_gradient_transformation_in_a_scan():
+    """`optax.MultiSteps` (not itself a `GradientTransformation`) is accepted and
+    trains as its transformation does in a hand-written `lax.scan`: updates every
+    third step."""
+    square = lambda x: jnp.sum((x - 3.0) ** 2)
+    multi = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=3)
+    x, losses = ep.fit(jnp.zeros(2), square, optimiser=multi, steps=30, progress=False)
+    hand_x, hand = _scan_fit(jnp.zeros(2), square, multi.gradient_transformation(), 30)
+    np.testing.assert_allclose(np.asarray(losses), np.asarray(hand), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(x), np.asarray(hand_x), rtol=1e-6)
+    assert losses[0] == losses[1] == losses[2] != losses[3]
+
+
+def test_a_finite_fit_runs_under_jax_debug_nans(monkeypatch):
+    """The chunk's buffers start as zeros, not NaN: under `jax_debug_nans` a fit
+    whose losses are finite runs (flat and in blocks) and reaches the optimum."""
+    square = lambda x: jnp.sum((x - 3.0) ** 2)
+    for after in (10**9, 0):
+        _blocks_after(monkeypatch, after)
+        with jax.debug_nans(True):
+            x, losses = ep.fit(
+                jnp.zeros(2), square, optimiser=optax.adam(0.1), steps=300,
+                progress=False,
+            )  # fmt: skip
+        np.testing.assert_allclose(x, 3.0, atol=1e-3)
+        assert losses.shape == (300,) and np.isfinite(losses).all()
+
+
 def test_minibatch_step_cost_does_not_grow_with_the_rows():
     """The compiled step is the same program for 10k and 1M rows (no sort, no
     permutation): a deterministic proxy for a flat per-step cost. (`ep.fit` under
@@ -1247,6 +1276,17 @@ a, _, state = ep.fit(w, square, steps=20, return_state=True, **kw)
 a, _ = ep.fit(a, square, steps=30, state=state, **kw)
 b, _ = ep.fit(w, square, steps=50, **kw)
 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+# A state from a fit on one device, continued on the mesh (placed as the
+# optimiser shards it), also with a state that starts from the parameters.
+plateau = optax.chain(optax.adam(0.1), optax.contrib.reduce_on_plateau())
+for optimiser in (optax.adam(0.1), plateau):
+    kw = dict(optimiser=optimiser, progress=False)
+    _, whole = ep.fit(jnp.zeros(8), square, steps=50, **kw)
+    a, _, state = ep.fit(jnp.zeros(8), square, steps=20, return_state=True, **kw)
+    a, rest = ep.fit(jax.device_put(a, w.sharding), square, steps=30, state=state, **kw)
+    np.testing.assert_allclose(np.asarray(rest), np.asarray(whole[20:]), rtol=1e-5)
+    assert a.sharding.spec == P("x")
+kw = dict(optimiser=optax.adam(0.1), progress=False)
 try:
     ep.fit(w, lambda w: jnp.sum(jnp.log(w + 0.05)), steps=10, **kw)
 except ep.NonFiniteLossError as e:
