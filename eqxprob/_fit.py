@@ -8,13 +8,14 @@ initialised inside it on the first chunk, so neither `steps` nor the chunk
 lengths (chosen at run time so the progress bar moves about four times a second)
 compile anything new. The loss and optimiser are compared by structure
 (`_hashing.Keyed`), so a fresh but equal `lambda` or `optax.adam(...)` reuses the
-compiled program too. Under a JAX transformation the chunks are traced into the
-caller's program instead.
+compiled program too. A model small enough that XLA:CPU runs its steps without
+scheduling them gets a second program after its first 100,000 steps, with the
+steps in blocks (`_block`). Under a JAX transformation the chunks are traced into
+the caller's program instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import itertools
@@ -258,10 +259,13 @@ class _Plan:
         self.run = jax.jit(self._chunk)
         self.steps_run = 0  # by `run`, in eager fits: when to compile `blocked`
         self._blocked: Any = None
+        # (`keep_unused`: a state of zeros reads no parameter, and the devices
+        # of a program without inputs are not the parameters' mesh.)
         self._initial = jax.jit(
             lambda train: jtu.tree_leaves(
                 _strong(init(jtu.tree_unflatten(self.params_treedef, train)))
-            )
+            ),
+            keep_unused=True,
         )
 
     def start(self, train: list, opt: list | None = None) -> list:
@@ -275,18 +279,15 @@ class _Plan:
         mesh = _explicit_mesh(train[0])
         if mesh is None:
             return self.template if opt is None else opt
-        # (The state reads no input's devices, so `jax.jit` asks for the mesh;
-        # a traced fit, whose mesh is abstract, has its caller's.)
-        concrete = isinstance(mesh, jax.sharding.Mesh)
-        with jax.set_mesh(mesh) if concrete else contextlib.nullcontext():
-            initial = self._initial(train)
+        initial = self._initial(train)
         if opt is None:
             return initial
-        if not concrete:
+        if not isinstance(mesh, jax.sharding.Mesh):  # (abstract: traced)
             return opt
         return [
             x
-            if getattr(x, "sharding", None) == i.sharding
+            if isinstance(x, jax.core.Tracer)
+            or getattr(x, "sharding", None) == i.sharding
             else jax.device_put(x, i.sharding)
             for x, i in zip(opt, initial)
         ]
@@ -350,11 +351,11 @@ class _Plan:
         fresh: Array,
         blocked: bool = False,
     ) -> tuple:
-        """`length` steps from global step `start`, in blocks of `block` steps
-        if `blocked`. The loop body is one
-        hand-written step plus the loss's write into the buffer; finiteness is
-        read on the host from the losses and one flag, and `fit` replays a chunk
-        that was not finite to find the step that broke."""
+        """`length` steps from global step `start` (in blocks of `block` steps
+        if `blocked`). The loop body is one hand-written step plus the loss's
+        write into the buffer; finiteness is read on the host from the losses
+        and one flag, and `fit` replays a chunk that was not finite to find the
+        step that broke."""
         # (A plain `GradientTransformation`, e.g. one of the user's own, takes no
         # `value=`/`grad=`/`value_fn=`: optax's wrapper drops them.)
         optimiser = optax.with_extra_args_support(self.problem.optimiser.value)
@@ -935,8 +936,7 @@ def _traced(plan, train, opt, fixed, fresh, first, steps, leaves, return_state):
     progress bar and no `NonFiniteLossError` (non-finite losses stay in the
     losses)."""
     losses, done = [], 0
-    if fresh:
-        opt = plan.start(train)
+    opt = plan.start(train, None if fresh else opt)
     while done < steps:
         length = min(plan.capacity, steps - done)
         counters = _counters(first + done, length, fresh)

@@ -1283,8 +1283,12 @@ for optimiser in (optax.adam(0.1), plateau):
     kw = dict(optimiser=optimiser, progress=False)
     _, whole = ep.fit(jnp.zeros(8), square, steps=50, **kw)
     a, _, state = ep.fit(jnp.zeros(8), square, steps=20, return_state=True, **kw)
-    a, rest = ep.fit(jax.device_put(a, w.sharding), square, steps=30, state=state, **kw)
-    np.testing.assert_allclose(np.asarray(rest), np.asarray(whole[20:]), rtol=1e-5)
+    a = jax.device_put(a, w.sharding)
+    go_on = lambda a, state: ep.fit(a, square, steps=30, state=state, **kw)
+    traced = jax.jit(go_on)(a, state)[1]
+    a, rest = go_on(a, state)
+    for losses in (rest, traced):
+        np.testing.assert_allclose(np.asarray(losses), whole[20:], rtol=1e-5)
     assert a.sharding.spec == P("x")
 kw = dict(optimiser=optax.adam(0.1), progress=False)
 try:
