@@ -146,9 +146,12 @@ def _alias_public(x: jax.Array) -> jax.Array:
 
 def _check_alias(alias: Callable[[jax.Array], jax.Array]) -> bool:
     try:
-        x = jnp.arange(3.0)
-        y = alias(x)
-        return y is not x and type(y) is type(x) and bool((np.asarray(y) == x).all())
+        # (Concrete even when first used inside a trace, as it usually is.)
+        with jax.ensure_compile_time_eval():
+            x = jnp.arange(3.0)
+            y = alias(x)
+            same = bool((np.asarray(y) == np.asarray(x)).all())
+        return y is not x and type(y) is type(x) and same
     except Exception:  # noqa: BLE001 - any failure means: use the public fallback
         return False
 

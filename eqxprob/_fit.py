@@ -38,7 +38,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from ._families import to_device
-from ._hashing import remembered
+from ._hashing import key as structural_key, remembered
 from ._parameter import trainable
 
 
@@ -526,10 +526,12 @@ _MAX_PLANS = 256
 
 def _leaf_signature(x: Any) -> Any:
     """Shape and dtype of an array (weak types aside: `jax.jit` tells those
-    apart itself, and `fit` makes the trained leaves strong), or the value."""
+    apart itself, and `fit` makes the trained leaves strong), or the value's
+    structural key (a float by its bits: 0.0 and -0.0 compute differently, and
+    a NaN is equal to a NaN)."""
     if eqx.is_array(x):
         return (x.shape, x.dtype)
-    return (type(x), x)
+    return structural_key(x)
 
 
 def _plan(problem, leaves, treedef, data, key, capacity) -> _Plan:
@@ -660,15 +662,18 @@ def fit(
     (code, closure and global values), so a fresh but equal `lambda` or
     `optax.adam(1e-3)` does not recompile, and neither does another `steps`. A
     different `chunk_size` does (it is the loss buffer's length). The comparison
-    sees rebound globals, closure cells and defaults, and attributes of the
-    user's objects; it takes as constant what libraries hold (attributes of
-    their modules, the closures of their functions) and does not read class
-    attributes or a function's own attributes: after changing one of those the
-    loss reads, pass a new function. A small model (every array of the loss, its
-    data and the optimiser state at most 512 bytes: a few scalars) compiles one
-    more program once it has run 100,000 steps: its steps in blocks, ~2.8x
-    faster on the CPU, whose extra compile (~15-40 ms) a long fit or many fits
-    repay; the losses and model are the same, bit for bit.
+    sees rebound globals, closure cells and defaults, the fields of Equinox
+    modules and the attributes the code reads of the user's objects (floats by
+    their bits: 0.0 and -0.0 apart); it takes as constant what libraries hold
+    (attributes of their modules, the closures of their functions) and does not
+    read what a class holds when read through the class (`Config.t`), a
+    function's own attributes, or globals read only by another method the loss
+    calls: after changing one of those, pass a new function. A model's static
+    fields compare with `==`, as in `jax.jit`'s cache. A small model (every
+    array of the loss, its data and the optimiser state at most 512 bytes: a few
+    scalars) compiles one more program once it has run 100,000 steps: its steps
+    in blocks, ~2.8x faster on the CPU, whose extra compile (~15-40 ms) a long
+    fit or many fits repay; the losses and model are the same, bit for bit.
 
     **Chunks.** Each chunk is one compiled call and one copy of its losses to the
     host, where `fit` checks them, moves the bar and lets a Ctrl-C in. Chunk

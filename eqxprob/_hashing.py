@@ -135,10 +135,13 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     nxt = depth + 1
     # Floats by their bits: 0.0 == -0.0 compute differently (`arctan2`), and a
     # NaN, unequal to itself, would make a new key (a compile) at every call.
+    # (A subclass's own attributes count too.)
     if isinstance(x, float):
-        return (type(x), struct.pack("<d", x))
+        bits = struct.pack("<d", x)
+        return (type(x), bits, _attributes(x, names, nxt) if _dict(x) else ())
     if isinstance(x, complex):
-        return (type(x), struct.pack("<dd", x.real, x.imag))
+        bits = struct.pack("<dd", x.real, x.imag)
+        return (type(x), bits, _attributes(x, names, nxt) if _dict(x) else ())
     if x is None or isinstance(x, (bool, int, str, bytes)):
         return (type(x), x)
     if isinstance(x, types.ModuleType):
@@ -162,8 +165,8 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
             if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # (no NumPy
                 a = np.asarray(jax.random.key_data(x))  # form: by its key data)
                 return ("key", x.dtype, a.shape, a.dtype, a.tobytes())
-            a = np.asarray(x)
-            return ("array", a.shape, a.dtype, a.tobytes())
+            a = np.asarray(x)  # (weakly typed or not: `int8 * 2` differs)
+            return ("array", a.shape, a.dtype, x.weak_type, a.tobytes())
         return _Same(x)  # JAX arrays are immutable: identity is exact
     if isinstance(x, (np.ndarray, np.generic)):
         a = np.asarray(x)  # mutable in place: always by content
@@ -200,13 +203,15 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     if isinstance(call, types.FunctionType):  # a callable object: what its code
         names = names | _names(call.__code__)  # reads of it, and its globals
         code = key(call, nxt)
-    if isinstance(x, eqx.Module) and not _hashable(x):  # (array fields)
-        # Immutable, and every field known: by the fields' keys, not by identity,
-        # so an equal Module made afresh for each call compiles nothing.
+    if isinstance(x, eqx.Module):
+        # Immutable, and every field known: by its fields' keys (floats by their
+        # bits, arrays as above), not by identity or `==`, so an equal Module
+        # made afresh for each call compiles nothing; and, as for any object, by
+        # what the code reads of it (properties, class attributes).
         fields = tuple(
-            (f.name, key(getattr(x, f.name), nxt)) for f in dataclasses.fields(x)
+            (f.name, key(getattr(x, f.name), nxt, names)) for f in dataclasses.fields(x)
         )
-        return ("module", type(x), code, fields)
+        return ("module", type(x), code, fields, _attributes(x, names, nxt))
     if _hashable(x) and not hasattr(x, "__dict__"):
         return ("value", type(x), x, code)
     if _hashable(x) and type(x).__eq__ is not object.__eq__:
@@ -235,6 +240,11 @@ def _function(x: types.FunctionType, nxt: int) -> tuple:
         cells,
         globals_,
     )
+
+
+def _dict(x: Any) -> bool:
+    """Whether `x` has attributes of its own (a `__dict__`)."""
+    return hasattr(x, "__dict__")
 
 
 def _hashable(x: Any) -> bool:
@@ -282,7 +292,9 @@ def frozen(x: Any, depth: int = 0) -> bool:
     for as long as `x` is the same object."""
     if depth > _DEPTH:
         return False
-    if isinstance(x, _IMMUTABLE) or x is _MISSING:
+    if isinstance(x, _IMMUTABLE) and (isinstance(x, type) or not _dict(x)):
+        return True  # (a float subclass's attributes can change)
+    if x is _MISSING:
         return True
     if isinstance(x, jax.Array):
         return not isinstance(x, jax.core.Tracer)

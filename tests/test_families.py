@@ -63,6 +63,18 @@ def test_import_leaves_jax_backend_unstarted():
     assert run_python("-c", code).stdout.strip() == "3"
 
 
+def test_alias_fast_path_checked_first_inside_a_trace():
+    """The private alias path is checked once, at first use, which is usually
+    inside a trace (a loss closing over a wrapper): the check itself runs on
+    concrete arrays there, so it still finds the fast path."""
+    code = (
+        "import jax, jax.numpy as jnp; from eqxprob import _families; "
+        "x = jnp.ones(2); jax.jit(lambda a: a + _families.fresh(x))(1.0); "
+        "print(_families._alias_is_private())"
+    )
+    assert run_python("-c", code).stdout.strip() == "True"
+
+
 def test_pin_jax_array_alias_fast_path():
     assert _families._alias_is_private(), (
         "jax._src.array.ArrayImpl(aval, sharding, arrays, committed=, "

@@ -1064,6 +1064,125 @@ def test_an_equal_callable_module_made_afresh_compiles_nothing():
         np.testing.assert_allclose(x, v, atol=1e-3)
 
 
+class _Config:
+    def __init__(self, t):
+        self.t = t
+
+
+class ReadsThrough(eqx.Module):
+    """Reads a plain object's attribute, a property over a global and a class
+    attribute."""
+
+    w: jax.Array
+    config: _Config
+    SCALE = 1.0
+
+    @property
+    def shift(self):
+        return self.w * SHIFT
+
+    def __call__(self, x):
+        return jnp.sum((x - self.w * self.config.t * self.SCALE - self.shift) ** 2)
+
+
+SHIFT = 0.0
+
+
+class Angle(eqx.Module):
+    """A hashable callable Module (no array field) whose float sets the angle."""
+
+    c: float
+
+    def __call__(self, x):
+        return jnp.sum((x - jnp.arctan2(self.c, -1.0)) ** 2)
+
+
+class Nested(eqx.Module):
+    inner: Angle
+
+    def __call__(self, x):
+        return self.inner(x)
+
+
+class _Scaled(float):
+    """A float with an attribute of its own."""
+
+
+def test_a_module_key_sees_what_its_code_reads_and_floats_by_their_bits():
+    """A Module in the loss is keyed by its fields with the names its code reads
+    (a plain object's attribute, a property over a global, a class attribute),
+    and floats anywhere by their bits: each change trains to its own optimum
+    (closed form), never to the program compiled before."""
+    global SHIFT
+    config = _Config(1.0)
+    module = ReadsThrough(jnp.array(1.0), config)
+    np.testing.assert_allclose(_trained(module), 1.0, atol=1e-3)
+    config.t = 3.0  # changed in place
+    np.testing.assert_allclose(_trained(module), 3.0, atol=1e-3)
+    try:
+        SHIFT = 1.0  # read by the property
+        np.testing.assert_allclose(_trained(module), 4.0, atol=1e-3)
+        ReadsThrough.SCALE = 2.0
+        np.testing.assert_allclose(_trained(module), 7.0, atol=1e-3)
+    finally:
+        SHIFT, ReadsThrough.SCALE = 0.0, 1.0
+
+    for make in (Angle, lambda c: Nested(Angle(c))):
+        np.testing.assert_allclose(_trained(make(0.0)), np.pi, atol=1e-3)
+        np.testing.assert_allclose(_trained(make(-0.0)), -np.pi, atol=1e-3)
+
+        def ignoring(m):  # a loss that reads `m` but not its value
+            return lambda x: (
+                jnp.sum(x**2) + 0 * jax.lax.stop_gradient(jnp.nan_to_num(m(x)))
+            )
+
+        _trained(ignoring(make(float("nan"))), steps=5)
+        with _Compilations() as c:  # a fresh NaN field: the same program
+            _trained(ignoring(make(float("nan"))), steps=5)
+        assert c.count == 0
+
+    scaled = _Scaled(0.5)
+    scaled.s = 1.0
+    by = lambda x: jnp.sum((x - scaled * scaled.s) ** 2)  # noqa: E731
+    np.testing.assert_allclose(_trained(by), 0.5, atol=1e-3)
+    scaled.s = 3.0
+    np.testing.assert_allclose(_trained(by), 1.5, atol=1e-3)
+
+
+@pytest.mark.standard_promotion("int8 times a strong int32 promotes: the point here")
+def test_a_weak_and_a_strong_array_are_keyed_apart():
+    """`int8 * weak 2` stays int8 (overflows to -56), `int8 * int32 2` is 200:
+    equal bytes, different programs."""
+    data = jnp.array([100], jnp.int8)
+
+    def times(c):
+        return lambda x: jnp.sum((x - (data * c).astype(jnp.float32)) ** 2)
+
+    weak, strong = jnp.asarray(2), jnp.array(2, jnp.int32)
+    assert weak.weak_type and not strong.weak_type
+    for c, target in ((weak, -56.0), (strong, 200.0)):
+        x, _ = ep.fit(
+            jnp.zeros(()), times(c), optimiser=optax.adam(1.0), steps=1500,
+            progress=False,
+        )  # fmt: skip
+        np.testing.assert_allclose(x, target, atol=1e-2)
+
+
+def test_float_leaves_of_the_model_are_keyed_by_their_bits():
+    """A Python float leaf of the model (not static) is part of the compiled
+    program: 0.0 and -0.0 get their own, and a fresh NaN reuses one."""
+    loss = lambda m: jnp.sum((m[0] - jnp.arctan2(m[1], -1.0)) ** 2)  # noqa: E731
+    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+    for c, angle in ((0.0, np.pi), (-0.0, -np.pi)):
+        (x, _), _ = ep.fit((jnp.zeros(()), c), loss, **kw)
+        np.testing.assert_allclose(x, angle, atol=1e-3)
+    nan = lambda m: jnp.sum(m[0] ** 2) + 0 * jnp.nan_to_num(m[1])  # noqa: E731
+    ep.fit((jnp.zeros(()), float("nan")), nan, **kw)
+    with _Compilations() as c:
+        ep.fit((jnp.zeros(()), float("nan")), nan, **kw)
+    assert c.count == 0
+
+
 def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
     """Values that compare equal in Python but compute differently, and the
     globals read by a callable object's `__call__`: each trains to its own
