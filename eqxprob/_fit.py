@@ -526,12 +526,14 @@ _MAX_PLANS = 256
 
 def _leaf_signature(x: Any) -> Any:
     """Shape and dtype of an array (weak types aside: `jax.jit` tells those
-    apart itself, and `fit` makes the trained leaves strong), or the value's
-    structural key (a float by its bits: 0.0 and -0.0 compute differently, and
-    a NaN is equal to a NaN)."""
+    apart itself, and `fit` makes the trained leaves strong), a float by its
+    bits (0.0 and -0.0 compute differently, and a NaN is equal to a NaN), or
+    the value (functions, e.g. an `eqx.nn.MLP`'s activation, by identity)."""
     if eqx.is_array(x):
         return (x.shape, x.dtype)
-    return structural_key(x)
+    if isinstance(x, (float, complex)):
+        return structural_key(x)
+    return (type(x), x)
 
 
 def _plan(problem, leaves, treedef, data, key, capacity) -> _Plan:
