@@ -259,9 +259,15 @@ class _Plan:
         self.run = jax.jit(self._chunk)
         self.steps_run = 0  # by `run`, in eager fits: when to compile `blocked`
         self._blocked: Any = None
-        # (`keep_unused`: a state of zeros reads no parameter, and the devices
-        # of a program without inputs are not the parameters' mesh.)
-        self._initial = jax.jit(
+
+    @functools.cached_property
+    def _initial(self) -> Callable:
+        """The optimiser's initial state of the trained leaves, compiled (made at
+        the first fit under a mesh with `Explicit` axes). (`keep_unused`: a state
+        of zeros reads no parameter, and the devices of a program without inputs
+        are not the parameters' mesh.)"""
+        init = _in_optax(self.problem.optimiser.value.init)
+        return jax.jit(
             lambda train: jtu.tree_leaves(
                 _strong(init(jtu.tree_unflatten(self.params_treedef, train)))
             ),
@@ -600,7 +606,7 @@ def _replicated(x: Any) -> Any:
     or the mesh of a `NamedSharding`), or `None` for another kind of sharding."""
     sharding = x.sharding
     if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        return _named(sharding.mesh, [])
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         return sharding
     return None

@@ -133,13 +133,10 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
     if depth > _DEPTH:
         return _Same(x)
     nxt = depth + 1
-    # Floats by their bits: 0.0 == -0.0 compute differently (`arctan2`), and a
-    # NaN, unequal to itself, would make a new key (a compile) at every call.
-    # (A subclass's own attributes count too.)
-    if isinstance(x, float):
-        bits = struct.pack("<d", x)
-        return (type(x), bits, _attributes(x, names, nxt) if _dict(x) else ())
-    if isinstance(x, complex):
+    # Floats and complex numbers by their bits: 0.0 == -0.0 compute differently
+    # (`arctan2`), and a NaN, unequal to itself, would make a new key (a compile)
+    # at every call. (A subclass's own attributes count too.)
+    if isinstance(x, (float, complex)):
         bits = struct.pack("<dd", x.real, x.imag)
         return (type(x), bits, _attributes(x, names, nxt) if _dict(x) else ())
     if x is None or isinstance(x, (bool, int, str, bytes)):
@@ -212,10 +209,10 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
             (f.name, key(getattr(x, f.name), nxt, names)) for f in dataclasses.fields(x)
         )
         return ("module", type(x), code, fields, _attributes(x, names, nxt))
-    if _hashable(x) and not hasattr(x, "__dict__"):
+    if _hashable(x) and not _dict(x):
         return ("value", type(x), x, code)
-    if _hashable(x) and type(x).__eq__ is not object.__eq__:
-        return ("value", type(x), x, code, _attributes(x, names, nxt))  # Modules
+    if _hashable(x) and type(x).__eq__ is not object.__eq__:  # (dataclasses)
+        return ("value", type(x), x, code, _attributes(x, names, nxt))
     return ("object", _Same(x), code, _attributes(x, names, nxt))
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _compiles import Compilations
 from _processes import on_8_devices
 
 import eqxprob as ep
@@ -103,7 +104,7 @@ def test_frozen_values_and_bounds_do_not_move_under_weight_decay():
 def test_repeated_fit_with_an_equal_model_does_not_recompile():
     optimiser = optax.adam(0.05)
     ep.fit(_model(), _loss, optimiser=optimiser, steps=20, progress=False)
-    with _Compilations() as c:
+    with Compilations() as c:
         ep.fit(_model(), _loss, optimiser=optimiser, steps=30, progress=False)
     assert c.count == 0
 
@@ -381,26 +382,6 @@ def test_numpy_integer_steps():
     np.testing.assert_allclose(model, 0.8**7, rtol=1e-6)
 
 
-class _Compilations:
-    """Counts XLA compilations (backend compiles) while active."""
-
-    EVENT = "/jax/core/compile/backend_compile_duration"
-
-    def __enter__(self):
-        self.count = 0
-
-        def listener(event, duration, **kwargs):
-            if event == self.EVENT:
-                self.count += 1
-
-        self._listener = listener
-        jax.monitoring.register_event_duration_secs_listener(listener)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listener)
-
-
 def test_calls_differing_in_steps_or_with_equal_fresh_optimisers_do_not_compile():
     def run(steps):
         # A fresh lambda and a fresh optimiser at every call, as in a notebook.
@@ -413,12 +394,12 @@ def test_calls_differing_in_steps_or_with_equal_fresh_optimisers_do_not_compile(
         )
 
     run(20)
-    with _Compilations() as c:
+    with Compilations() as c:
         for steps in (20, 37, 250, 1):
             run(steps)
     assert c.count == 0
     # A different optimiser (another learning rate) does compile: the control.
-    with _Compilations() as c:
+    with Compilations() as c:
         ep.fit(_model(), _loss, optimiser=optax.adam(0.01), steps=5, progress=False)
     assert c.count > 0
 
@@ -517,7 +498,7 @@ def test_a_small_model_compiles_its_blocks_once_after_its_first_steps(monkeypatc
     kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
     counts = []
     for _ in range(4):
-        with _Compilations() as c:
+        with Compilations() as c:
             ep.fit(jnp.zeros(2), square, **kw)
         counts.append(c.count)
     assert counts[0] >= 1 and counts[1] == 0 and counts[2] >= 1 and counts[3] == 0
@@ -775,14 +756,14 @@ def test_fresh_optimisers_with_schedules_do_not_recompile():
         )
 
     run()
-    with _Compilations() as c:
+    with Compilations() as c:
         run()
     assert c.count == 0
 
 
 def test_data_on_a_device_compiles_the_chunk_once():
     def compiles(data):
-        with _Compilations() as c:
+        with Compilations() as c:
             ep.fit(
                 jnp.array(0.0),
                 lambda m, b, _d=data: jnp.mean((b - m) ** 2),  # a new loss each call
@@ -1048,7 +1029,7 @@ def test_an_equal_callable_module_made_afresh_compiles_nothing():
     one made afresh per call with equal fields reuses the program; one whose
     array, large array or function field differs trains to its own optimum."""
     for _ in range(2):
-        with _Compilations() as c:
+        with Compilations() as c:
             x = _trained(ToTarget(jnp.array([1.0, 2.0])))
         np.testing.assert_allclose(x, [1, 2], atol=1e-3)
     assert c.count == 0
@@ -1137,7 +1118,7 @@ def test_a_module_key_sees_what_its_code_reads_and_floats_by_their_bits():
             )
 
         _trained(ignoring(make(float("nan"))), steps=5)
-        with _Compilations() as c:  # a fresh NaN field: the same program
+        with Compilations() as c:  # a fresh NaN field: the same program
             _trained(ignoring(make(float("nan"))), steps=5)
         assert c.count == 0
 
@@ -1178,7 +1159,7 @@ def test_float_leaves_of_the_model_are_keyed_by_their_bits():
         np.testing.assert_allclose(x, angle, atol=1e-3)
     nan = lambda m: jnp.sum(m[0] ** 2) + 0 * jnp.nan_to_num(m[1])  # noqa: E731
     ep.fit((jnp.zeros(()), float("nan")), nan, **kw)
-    with _Compilations() as c:
+    with Compilations() as c:
         ep.fit((jnp.zeros(()), float("nan")), nan, **kw)
     assert c.count == 0
 
@@ -1235,7 +1216,7 @@ def test_keys_of_complex_signed_zeros_nan_and_from_8_threads():
         return lambda x: jnp.sum((x - jnp.where(jnp.isnan(t), 2.0, t)) ** 2)
 
     np.testing.assert_allclose(_trained(unless_nan(float("nan"))), 2.0, atol=1e-3)
-    with _Compilations() as c:  # a new NaN object: equal bits, the same program
+    with Compilations() as c:  # a new NaN object: equal bits, the same program
         np.testing.assert_allclose(_trained(unless_nan(float("nan"))), 2.0, atol=1e-3)
     assert c.count == 0
     np.testing.assert_allclose(_trained(unless_nan(1.5)), 1.5, atol=1e-3)
@@ -1259,7 +1240,7 @@ def test_a_loss_closing_over_a_typed_prng_key():
         np.testing.assert_allclose(
             _trained(to_draw(jax.random.key(seed))), target, atol=1e-3
         )
-    with _Compilations() as c:
+    with Compilations() as c:
         _trained(to_draw(jax.random.key(1)))  # a new key object, equal
     assert c.count == 0
 
@@ -1270,11 +1251,11 @@ def test_an_equal_rebound_global_does_not_compile_and_a_new_one_does():
     old = TARGET
     try:
         TARGET = jnp.array(1.0)  # another object, the same value
-        with _Compilations() as c:
+        with Compilations() as c:
             _trained(_to_global_target, steps=5)
         assert c.count == 0
         TARGET = jnp.array(1.5)  # the control: a new value compiles
-        with _Compilations() as c:
+        with Compilations() as c:
             _trained(_to_global_target, steps=5)
         assert c.count > 0
     finally:
