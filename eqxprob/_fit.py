@@ -672,7 +672,8 @@ def fit(
     different `chunk_size` does (it is the loss buffer's length). The comparison
     sees rebound globals, closure cells and defaults, the fields of Equinox
     modules and the attributes the code reads of the user's objects (floats by
-    their bits: 0.0 and -0.0 apart); it takes as constant what libraries hold
+    their bits: 0.0 and -0.0 apart) and all the attributes of a library's
+    objects (`optax.MultiSteps`); it takes as constant what libraries hold
     (attributes of their modules, the closures of their functions) and does not
     read what a class holds when read through the class (`Config.t`), a
     function's own attributes, or globals read only by another method the loss

@@ -5,9 +5,11 @@ function compares by identity, so `ep.fit(..., optimiser=optax.adam(1e-3))` call
 twice, or with a fresh `lambda`, would compile twice although nothing differs.
 `Keyed(x)` compares by a structural key instead: a function by its code, defaults,
 closure values and the globals it reads (recursively, to a small depth; the
-modules and globals of the libraries in `_LIBRARIES` are taken as constant); small
-arrays by value; large arrays, and anything unhashable, by identity (the key holds
-a reference, so an identity is never reused for another object).
+modules and globals of the libraries in `_LIBRARIES` are taken as constant); an
+`eqx.Module` by its fields, and a library's pure-Python object (`optax.MultiSteps`)
+by its attributes; small arrays by value; large arrays, and anything unhashable, by
+identity (the key holds a reference, so an identity is never reused for another
+object).
 
 Two values with equal keys compute the same thing, so serving one's compiled
 program for the other is exact. What falls back to identity only costs a compile.
@@ -22,6 +24,7 @@ import hashlib
 import struct
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -170,17 +173,7 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes()).digest()
         return ("numpy", a.shape, a.dtype, digest)
     if isinstance(x, types.FunctionType):
-        seen = _WALK.seen
-        assert seen is not None  # (set by the top-level `key`)
-        found = seen.get(id(x), _MISSING)
-        if found is None:  # met again while being keyed: a cycle
-            return ("cycle", _Same(x))
-        if found is not _MISSING:
-            return found[1]
-        seen[id(x)] = None
-        found = _function(x, nxt)
-        seen[id(x)] = (x, found)  # (holds `x`: its id is not reused meanwhile)
-        return found
+        return _once(x, lambda: _function(x, nxt))
     if isinstance(x, types.MethodType):
         function = key(x.__func__, nxt)
         read = _names(x.__func__.__code__) if hasattr(x.__func__, "__code__") else names
@@ -213,7 +206,46 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         return ("value", type(x), x, code)
     if _hashable(x) and type(x).__eq__ is not object.__eq__:  # (dataclasses)
         return ("value", type(x), x, code, _attributes(x, names, nxt))
+    if _plain_library_object(x):
+        # A library's object held whole in its `__dict__` (`optax.MultiSteps`):
+        # its class's code is constant, so what it computes is fixed by its
+        # attributes, keyed all (functions included) like a library function's
+        # closure, so an equal one made afresh compiles nothing.
+        return _once(
+            x, lambda: ("library object", type(x), code, key(vars(x), nxt, names))
+        )
     return ("object", _Same(x), code, _attributes(x, names, nxt))
+
+
+def _once(x: Any, make: Callable[[], Any]) -> Any:
+    """`make()`, the key of `x`, computed once per top-level key: objects that
+    refer to each other (functions through globals or cells, a library object's
+    attributes) would otherwise be walked once per path, exponentially many; one
+    met again while it is being keyed is keyed by identity (a cycle)."""
+    seen = _WALK.seen
+    assert seen is not None  # (set by the top-level `key`)
+    found = seen.get(id(x), _MISSING)
+    if found is None:  # met again while being keyed: a cycle
+        return ("cycle", _Same(x))
+    if found is not _MISSING:
+        return found[1]
+    seen[id(x)] = None
+    found = make()
+    seen[id(x)] = (x, found)  # (holds `x`: its id is not reused meanwhile)
+    return found
+
+
+def _plain_library_object(x: Any) -> bool:
+    """Whether `x` is an instance of a library's pure-Python class whose whole
+    state is its `__dict__`: no `__new__` of its own (C types, `jax.jit`'s
+    functions, arrays and shardings hold state beyond it) and no `__slots__`."""
+    cls = type(x)
+    return (
+        _library(cls)
+        and cls.__new__ is object.__new__
+        and _dict(x)
+        and not any(k.__dict__.get("__slots__") for k in cls.__mro__)
+    )
 
 
 def _function(x: types.FunctionType, nxt: int) -> tuple:

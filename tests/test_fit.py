@@ -536,6 +536,38 @@ def test_multisteps_trains_as_its_gradient_transformation_in_a_scan():
     assert losses[0] == losses[1] == losses[2] != losses[3]
 
 
+@pytest.mark.standard_promotion("the hand-written reference runs optax directly")
+def test_an_equal_fresh_multisteps_compiles_nothing_and_a_changed_one_does():
+    """A library's object is keyed by its attributes, not its identity: a fresh
+    but equal `optax.MultiSteps` reuses the program; another `every_k_schedule`,
+    another inner optimiser or an attribute changed in place compiles anew and
+    trains as its own transformation does in a hand-written scan."""
+    square = lambda x: jnp.sum((x - 3.0) ** 2)
+
+    def run(multi):
+        return ep.fit(jnp.zeros(2), square, optimiser=multi, steps=12, progress=False)
+
+    run(optax.MultiSteps(optax.sgd(0.1), every_k_schedule=3))
+    with Compilations() as c:
+        run(optax.MultiSteps(optax.sgd(0.1), every_k_schedule=3))
+    assert c.count == 0
+    changed = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=3)
+    changed._use_grad_mean = False  # (in place: the sum of the 3 gradients)
+    for multi in (
+        optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2),
+        optax.MultiSteps(optax.sgd(0.2), every_k_schedule=3),
+        changed,
+    ):
+        with Compilations() as c:
+            x, losses = run(multi)
+        assert c.count > 0
+        hand_x, hand = _scan_fit(
+            jnp.zeros(2), square, multi.gradient_transformation(), 12
+        )
+        np.testing.assert_allclose(np.asarray(losses), np.asarray(hand), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(hand_x), rtol=1e-6)
+
+
 def test_a_finite_fit_runs_under_jax_debug_nans(monkeypatch):
     """The chunk's buffers start as zeros, not NaN: under `jax_debug_nans` a fit
     whose losses are finite runs (flat and in blocks) and reaches the optimum."""
@@ -1435,6 +1467,29 @@ def test_key_of_mutually_recursive_code_is_linear():
             jnp.zeros(2), loss, optimiser=optax.adam(0.1), steps=300, progress=False
         )
         assert jnp.allclose(x, 1.0, atol=1e-3)
+
+
+def test_key_of_library_objects_sharing_attributes_is_linear_and_ends_at_cycles():
+    # A library object is keyed by its attributes, each object once per
+    # top-level key: a chain of 12 whose three attributes share the next would
+    # otherwise be walked along 3**12 paths (~20 s).
+    import time
+
+    from eqxprob._hashing import key
+
+    def chain(k, cycle=False):
+        objects = [optax.MultiSteps(optax.sgd(0.1), k) for _ in range(12)]
+        for a, b in zip(objects, objects[1:]):
+            a.left = a.middle = a.right = b
+        if cycle:  # met again while being keyed: by identity
+            objects[-1].back = objects[0]
+        return objects[0]
+
+    began = time.perf_counter()
+    assert key(chain(3)) == key(chain(3)) != key(chain(2))
+    cyclic = chain(3, cycle=True)
+    assert key(cyclic) == key(cyclic) != key(chain(3, cycle=True))
+    assert time.perf_counter() - began < 1.0
 
 
 def test_vmap_of_closed_over_value_is_not_cached():
