@@ -627,7 +627,10 @@ class FixedDistrax(eqx.Module):
     alike (for numpyro, `mean` is a method as elsewhere and `sample` takes
     `seed=`). Any other attribute falls through to the instantiated object; a
     method of it that returns a raw distribution or bijector (numpyro's
-    `to_event`, say) returns it wrapped.
+    `to_event`, say) returns it wrapped. An array argument named `mean`
+    (numpyro's `NegativeBinomial2`, `BetaProportion`) is a field like any other,
+    so on such a wrapper `d.mean` is that array, as numpyro's `mean` property is,
+    and `ep.FixedDistrax.mean(d)` calls the forwarded method.
 
     Construction checks the arguments by building the object once. A build whose
     class, static arguments, shapes and dtypes equal those of an earlier valid
@@ -1028,7 +1031,12 @@ class FixedDistrax(eqx.Module):
         return _call(self, False, "forward", x)
 
 
-_RESERVED = frozenset(dir(FixedDistrax)) | {"family"}
+# Names an array argument's field may not take: the wrapper's own attributes.
+# Except `mean`, which numpyro's `NegativeBinomial2` and `BetaProportion` take as
+# an array: the field shadows the forwarded method on such a wrapper (`d.mean` is
+# the argument, as numpyro's `mean` property is; `FixedDistrax.mean(d)` calls the
+# method), since eqxprob's own code calls no wrapper's `mean`.
+_RESERVED = (frozenset(dir(FixedDistrax)) | {"family"}) - {"mean"}
 
 
 # Module-level rather than methods: Equinox wraps every bound method of a Module

@@ -533,6 +533,19 @@ NUMPYRO_DISTRIBUTIONS: dict[str, Case] = dict(
             c=_vec(3, 1.0),
         ),
         _nd("Poisson", lambda p, W: W(nd.Poisson, p["r"]), r=_vec(3, 1.0)),
+        # An array argument named like the forwarded `mean` method.
+        _nd(
+            "NegativeBinomial2",
+            lambda p, W: W(nd.NegativeBinomial2, mean=p["m"], concentration=p["c"]),
+            m=_vec(3, 1.5),
+            c=_vec(3, 2.0),
+        ),
+        _nd(
+            "BetaProportion",
+            lambda p, W: W(nd.BetaProportion, p["m"], p["c"]),
+            m=_vec(3, 0.2, 0.25),
+            c=_vec(3, 3.0),
+        ),
         _nd("BernoulliLogits", lambda p, W: W(nd.BernoulliLogits, p["l"]), l=_vec()),
         _nd(
             "BinomialLogits",
