@@ -357,7 +357,15 @@ def _map(
             out[i] = inside(label_of(path), spec, item)
             continue
         group: Any = None
-        if batch is not None and spec is not None and getattr(item, "size", 1):
+        if (
+            batch is not None
+            and spec is not None
+            and (
+                0 not in item.shape  # (an array's `size` is a Python product)
+                if type(item) is _families.CONCRETE
+                else getattr(item, "size", 1)
+            )
+        ):
             kind = (id(spec), type(item), getattr(item, "dtype", None))
             group = seen.get(kind, _UNSEEN)
             if group is _UNSEEN:
