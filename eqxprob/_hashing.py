@@ -190,9 +190,13 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         None,
     )
     code = None
-    if isinstance(call, types.FunctionType):  # a callable object: what its code
-        names = names | _names(call.__code__)  # reads of it, and its globals
+    if isinstance(call, types.FunctionType):  # a callable object: its globals
         code = key(call, nxt)
+    # What the code that uses `x` reads of it, and what the code of its class may
+    # when that is the user's (a `__call__` reading `self.t` through a helper
+    # method); a library's objects are keyed whole below (fields, attributes).
+    if not _library(type(x)):
+        names = names | _class_names(type(x))
     if isinstance(x, eqx.Module):
         # Immutable, and every field known: by its fields' keys (floats by their
         # bits, arrays as above), not by identity or `==`, so an equal Module
@@ -212,27 +216,48 @@ def _key(x: Any, depth: int, names: frozenset[str]) -> Any:
         # attributes, keyed all (functions included) like a library function's
         # closure, so an equal one made afresh compiles nothing.
         return _once(
-            x, lambda: ("library object", type(x), code, key(vars(x), nxt, names))
+            x,
+            lambda: ("library object", type(x), code, key(vars(x), nxt, names)),
+            names,  # (the user's objects it holds are keyed by what is read)
         )
     return ("object", _Same(x), code, _attributes(x, names, nxt))
 
 
-def _once(x: Any, make: Callable[[], Any]) -> Any:
-    """`make()`, the key of `x`, computed once per top-level key: objects that
-    refer to each other (functions through globals or cells, a library object's
+def _once(x: Any, make: Callable[[], Any], names: frozenset[str] | None = None) -> Any:
+    """`make()`, the key of `x`, computed once per top-level key (and per set of
+    `names` read of it, where the key depends on them): objects that refer to
+    each other (functions through globals or cells, a library object's
     attributes) would otherwise be walked once per path, exponentially many; one
     met again while it is being keyed is keyed by identity (a cycle)."""
     seen = _WALK.seen
     assert seen is not None  # (set by the top-level `key`)
-    found = seen.get(id(x), _MISSING)
+    at = (id(x), names)
+    found = seen.get(at, _MISSING)
     if found is None:  # met again while being keyed: a cycle
         return ("cycle", _Same(x))
-    if found is not _MISSING:
-        return found[1]
-    seen[id(x)] = None
-    found = make()
-    seen[id(x)] = (x, found)  # (holds `x`: its id is not reused meanwhile)
-    return found
+    if found is not _MISSING:  # met again: the number of its first meeting, so
+        return ("again", found[1])  # that hashing and comparing keys is linear too
+    seen[at] = None
+    number = len(seen)  # (the order of first meetings: fixed by the structure)
+    made = make()
+    seen[at] = (x, number)  # (holds `x`: its id is not reused meanwhile)
+    return made
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_names(cls: type) -> frozenset[str]:
+    """Every name the code of `cls` may read: its functions, properties,
+    static and class methods, through its bases but `object`."""
+    found: set[str] = set()
+    for k in cls.__mro__[:-1]:
+        for v in vars(k).values():
+            if isinstance(v, property):
+                v = v.fget
+            elif isinstance(v, (staticmethod, classmethod)):
+                v = v.__func__
+            if isinstance(v, types.FunctionType):
+                found |= _names(v.__code__)
+    return frozenset(found)
 
 
 def _plain_library_object(x: Any) -> bool:

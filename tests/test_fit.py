@@ -568,6 +568,60 @@ def test_an_equal_fresh_multisteps_compiles_nothing_and_a_changed_one_does():
         np.testing.assert_allclose(np.asarray(x), np.asarray(hand_x), rtol=1e-6)
 
 
+class _SkipAbove:
+    """A user's `should_skip_update_fn` whose `__call__` reads `self.t` through a
+    helper method."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self, updates, state, params):
+        return self._skip(updates), ()
+
+    def _skip(self, updates):
+        return optax.tree.norm(updates) > self.t
+
+
+def test_a_user_object_held_by_a_library_object_is_keyed_by_what_its_class_reads():
+    # A fresh MultiSteps holding the same skip object, changed in place through an
+    # attribute only a helper method reads: trained to the old threshold (found by
+    # the red team; a fresh MultiSteps had compiled anew every call before).
+    skip, square = _SkipAbove(1e9), lambda m: jnp.sum((m - 3.0) ** 2)
+
+    def run():
+        multi = optax.MultiSteps(optax.sgd(0.1), 1, should_skip_update_fn=skip)
+        return ep.fit(jnp.zeros(()), square, optimiser=multi, steps=50, progress=False)
+
+    assert jnp.allclose(run()[0], 3.0, atol=1e-3)
+    skip.t = -1.0  # every update skipped
+    assert run()[0] == 0.0
+
+
+_HOLDER = optax.MultiSteps(optax.sgd(0.1), 1)
+
+
+def test_a_library_object_reached_by_two_functions_is_keyed_for_each():
+    # Keyed once per walk with the attribute names the first function read, a
+    # library object hid what the second reads of the user's object it holds.
+    class Config:
+        offset, target = 0.0, 1.0
+
+    _HOLDER.cfg = Config()  # (a library object's attribute, set by the user)
+
+    def a_first(m):
+        return _HOLDER.cfg.offset * m
+
+    def b_then(m):
+        return (m - _HOLDER.cfg.target) ** 2
+
+    loss = lambda m: jnp.sum(a_first(m) + b_then(m))
+    for target in (1.0, 5.0):
+        _HOLDER.cfg.target = target
+        x, _ = ep.fit(jnp.zeros(()), loss, optimiser=optax.sgd(0.1), steps=200,
+                      progress=False)  # fmt: skip
+        assert jnp.allclose(x, target, atol=1e-3)
+
+
 def test_a_finite_fit_runs_under_jax_debug_nans(monkeypatch):
     """The chunk's buffers start as zeros, not NaN: under `jax_debug_nans` a fit
     whose losses are finite runs (flat and in blocks) and reaches the optimum."""
@@ -1485,10 +1539,11 @@ def test_key_of_library_objects_sharing_attributes_is_linear_and_ends_at_cycles(
             objects[-1].back = objects[0]
         return objects[0]
 
+    a, b, c = chain(3), chain(3), chain(2)
+    cyclic, other = chain(3, cycle=True), chain(3, cycle=True)
     began = time.perf_counter()
-    assert key(chain(3)) == key(chain(3)) != key(chain(2))
-    cyclic = chain(3, cycle=True)
-    assert key(cyclic) == key(cyclic) != key(chain(3, cycle=True))
+    assert key(a) == key(b) != key(c)
+    assert key(cyclic) == key(cyclic) != key(other)
     assert time.perf_counter() - began < 1.0
 
 
