@@ -671,11 +671,12 @@ def fit(
     `optax.adam(1e-3)` does not recompile, and neither does another `steps`. A
     different `chunk_size` does (it is the loss buffer's length). The comparison
     sees rebound globals, closure cells and defaults, the fields of Equinox
-    modules and the attributes the code reads of the user's objects (floats by
-    their bits: 0.0 and -0.0 apart) and all the attributes of a library's
-    objects (`optax.MultiSteps`); it takes as constant what libraries hold
-    (attributes of their modules, the closures of their functions) and does not
-    read what a class holds when read through the class (`Config.t`), a
+    modules, the attributes that the code, or the code of their class, reads of
+    the user's objects (floats by their bits: 0.0 and -0.0 apart) and all the
+    attributes of a library's objects (`optax.MultiSteps`); it takes as
+    constant what libraries hold (attributes of their modules, the closures of
+    their functions) and does not read what a class holds when read through
+    the class (`Config.t`), a
     function's own attributes, or globals read only by another method the loss
     calls: after changing one of those, pass a new function. A model's static
     fields compare with `==`, as in `jax.jit`'s cache. A small model (every

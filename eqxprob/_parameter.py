@@ -542,7 +542,10 @@ def resolve(tree: PyTree) -> PyTree:
             out[members[0]] = _resolve_node(leaves[members[0]])
             continue
         transform = leaves[members[0]].transform
-        params = [leaves[i].param for i in members]
+        # (From each node's `__dict__`: Equinox's attribute access is slower.)
+        params = [
+            object.__getattribute__(leaves[i], "__dict__")["param"] for i in members
+        ]
         values = forward_many(transform, params, weak=params[0].weak_type)
         for i, value in zip(members, values):
             out[i] = value
