@@ -676,9 +676,9 @@ def fit(
     attributes of a library's objects (`optax.MultiSteps`); it takes as
     constant what libraries hold (attributes of their modules, the closures of
     their functions) and does not read what a class holds when read through
-    the class (`Config.t`), a
-    function's own attributes, or globals read only by another method the loss
-    calls: after changing one of those, pass a new function. A model's static
+    the class (`Config.t`), a function's own attributes, or globals read only
+    by another method the loss calls: after changing one of those, pass a new
+    function. A model's static
     fields compare with `==`, as in `jax.jit`'s cache. A small model (every
     array of the loss, its data and the optimiser state at most 512 bytes: a few
     scalars) compiles one more program once it has run 100,000 steps: its steps

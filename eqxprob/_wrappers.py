@@ -630,7 +630,9 @@ class FixedDistrax(eqx.Module):
     `to_event`, say) returns it wrapped. An array argument named `mean`
     (numpyro's `NegativeBinomial2`, `BetaProportion`) is a field like any other,
     so on such a wrapper `d.mean` is that array, as numpyro's `mean` property is,
-    and `ep.FixedDistrax.mean(d)` calls the forwarded method.
+    and `ep.FixedDistrax.mean(d)` calls the forwarded method. (Their objects
+    keep no `mean`, so a method that returns one, `to_event` say, returns it
+    raw.)
 
     Construction checks the arguments by building the object once. A build whose
     class, static arguments, shapes and dtypes equal those of an earlier valid

@@ -829,6 +829,10 @@ def test_numpyro_argument_named_mean_is_a_field(cls, other, value):
     _close(moved.log_prob(value), cls(mean / 2, c).log_prob(value))
     with pytest.raises(ValueError, match=cls.__name__):
         ep.FixedDistrax(cls, mean=-mean, **{other: c})  # numpyro rejects it
+    # numpyro's object keeps no `mean` to wrap it again from: returned raw.
+    event = d.to_event(1)
+    assert not isinstance(event, ep.FixedDistrax)
+    _close(event.log_prob(value), raw.to_event(1).log_prob(value))
 
 
 def test_numpyro_uniform_method_set_matches_raw():
