@@ -262,13 +262,18 @@ def _class_names(cls: type) -> frozenset[str]:
 
 def _plain_library_object(x: Any) -> bool:
     """Whether `x` is an instance of a library's pure-Python class whose whole
-    state is its `__dict__`: no `__new__` of its own (C types, `jax.jit`'s
-    functions, arrays and shardings hold state beyond it) and no `__slots__`."""
-    cls = type(x)
+    state is its `__dict__`."""
+    return _plain_library_class(type(x)) and _dict(x)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_library_class(cls: type) -> bool:
+    """A library's class with no `__new__` of its own (C types, `jax.jit`'s
+    functions, arrays and shardings hold state beyond their `__dict__`) and no
+    `__slots__`; fixed per class, so asked once."""
     return (
         _library(cls)
         and cls.__new__ is object.__new__
-        and _dict(x)
         and not any(k.__dict__.get("__slots__") for k in cls.__mro__)
     )
 
