@@ -247,6 +247,30 @@ def _metadata_specs(model: Any, paths: list) -> list[ParamSpec | None]:
     return [spec_at(path) for path in paths]
 
 
+def unparameterized(model: Any) -> list[str]:
+    """Labels of the float arrays of `model` that `ep.parameterize` would change
+    but that are held raw: declared with a constraint or bijector other than the
+    identity, or with `trainable=False`. Nothing is read below a node whose class
+    sets `unconstrained_inside = True` (a guide keeps unconstrained values)."""
+
+    def stop(x: Any) -> bool:
+        return _parameter.is_node(x) or getattr(type(x), "unconstrained_inside", False)
+
+    pairs = jtu.tree_flatten_with_path(model, is_leaf=stop)[0]
+    paths = [path for path, x in pairs if eqx.is_inexact_array(x)]
+    labels = []
+    for path, spec in zip(paths, _metadata_specs(model, paths)):
+        if spec is not None and (
+            not spec.is_trainable
+            or (
+                spec.annotated
+                and not isinstance(spec.transform(), _transforms.Identity)
+            )
+        ):
+            labels.append(label_of(path))
+    return labels
+
+
 def hashable_overrides(overrides: Any) -> tuple:
     """`overrides` as a tuple of `(label, spec)` pairs: a static value (specs
     hash by identity) that every registry function accepts."""

@@ -336,6 +336,15 @@ class Bijector(eqx.Module):
     def __array__(self, *args, **kwargs):
         raise TypeError(_UNRESOLVED)
 
+    def _unresolved(self, *args: Any) -> Any:
+        raise TypeError(_UNRESOLVED)
+
+    # Arithmetic on a node is a `TypeError` that names the fix.
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _unresolved
+    __truediv__ = __rtruediv__ = __pow__ = __rpow__ = __matmul__ = _unresolved
+    __rmatmul__ = __neg__ = __abs__ = __floordiv__ = __rfloordiv__ = _unresolved
+    __lt__ = __le__ = __gt__ = __ge__ = __float__ = __getitem__ = _unresolved
+
     def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc | None:
         if not eqx.is_inexact_array(self.param):  # a filter spec, say: default
             return None

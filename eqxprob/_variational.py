@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import distrax
 import equinox as eqx
@@ -27,7 +27,6 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from . import _errors, _metadata, _parameter, _transforms
-from ._hashing import key
 from ._wrappers import FixedDistrax
 
 
@@ -46,34 +45,15 @@ def _is_template_leaf(x: Any) -> bool:
     return isinstance(x, _Slot) or _parameter.is_node(x)
 
 
-class _Random:
-    """What the guide knows about one random parameter. Static, and its prior
-    and transform may hold arrays, baked into compiled programs as constants:
-    compared by their structural keys (`_hashing.key`: small arrays by value,
-    others by identity), so two guides of equal models share their programs."""
+class _Random(NamedTuple):
+    """Where one random parameter lives: its path (for messages), its position
+    among the template's items and in the flat unconstrained vector, its shape.
+    Its prior and transform are read from the model's specs where used."""
 
-    __slots__ = (
-        "label", "index", "start", "shape", "transform", "prior", "gaussian",
-        "_key", "_hash",
-    )  # fmt: skip
-
-    def __init__(self, label, index, start, shape, transform, prior, gaussian):
-        self.label = label  # the parameter's path, for messages
-        self.index = index  # its position among the template's items
-        self.start = start  # its position in the flat unconstrained vector
-        self.shape = shape
-        self.transform = transform
-        self.prior = prior
-        self.gaussian = gaussian  # (loc, scale) of a Normal prior on an identity leaf
-        statics = map(key, (transform, prior, gaussian))
-        self._key = (label, index, start, shape, *statics)
-        self._hash = hash(self._key)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, _Random) and self._key == other._key)
+    label: str
+    item: int
+    start: int
+    shape: tuple[int, ...]
 
     def __repr__(self) -> str:
         return f"random({self.label}, shape={self.shape})"
@@ -115,6 +95,10 @@ class Guide(eqx.Module):
     ```
     """
 
+    # The template holds unconstrained values where the model's fields are
+    # constrained: `ep.fit` must not ask for `ep.parameterize` there.
+    unconstrained_inside = True
+
     template: PyTree
     loc: Float[Array, " d"]
     scale: Any
@@ -154,19 +138,31 @@ class Guide(eqx.Module):
         leaves = list(leaves)
         for r in self.randoms:
             size = int(np.prod(r.shape))
-            leaves[r.index] = u[r.start : r.start + size].reshape(r.shape)
+            leaves[r.item] = u[r.start : r.start + size].reshape(r.shape)
         for i, x in enumerate(leaves):
             if isinstance(x, _Held):
                 leaves[i] = jax.lax.stop_gradient(x.value)
         raw = jtu.tree_unflatten(treedef, leaves)
         return _metadata.constrain(raw, self.overrides)
 
+    def _specs(self) -> list:
+        """`(prior, transform)` of each random parameter, from the model's
+        field metadata and the overrides."""
+        leaves, treedef = jtu.tree_flatten(self.template, is_leaf=_is_template_leaf)
+        for r in self.randoms:
+            leaves[r.item] = jnp.zeros(r.shape, self.loc.dtype)
+        items, _ = _metadata.entries(
+            jtu.tree_unflatten(treedef, leaves), self.overrides
+        )
+        specs = [items[r.item][1] for r in self.randoms]
+        return [(spec.prior, _transform(spec)) for spec in specs]
+
     def _log_det(self, u: Array) -> Array:
         total = jnp.zeros((), u.dtype)
-        for r in self.randoms:
+        for r, (_, transform) in zip(self.randoms, self._specs()):
             size = int(np.prod(r.shape))
             x = u[r.start : r.start + size].reshape(r.shape)
-            total = total + jnp.sum(_transforms.log_det(r.transform, x, r.label))
+            total = total + jnp.sum(_transforms.log_det(transform, x, r.label))
         return total
 
     def _log_prior(self, model: PyTree, u: Array, analytic: bool) -> Array:
@@ -174,23 +170,24 @@ class Guide(eqx.Module):
         when `analytic`: their expectation is added in closed form)."""
         values = jtu.tree_leaves(model, is_leaf=_parameter.is_node)
         total = jnp.zeros(())
-        for r in self.randoms:
-            if analytic and r.gaussian is not None:
+        for r, (prior, transform) in zip(self.randoms, self._specs()):
+            if analytic and _gaussian_prior(prior, transform) is not None:
                 continue
-            total = total + _metadata.score_prior(r.label, r.prior, values[r.index])
+            total = total + _metadata.score_prior(r.label, prior, values[r.item])
         return total
 
     def _expected_gaussian_log_prior(self) -> Array:
         """E_q[log p(u)] in closed form for Normal priors on identity leaves."""
         variances = self._marginal_variances()
         total = jnp.zeros(())
-        for r in self.randoms:
-            if r.gaussian is None:
+        for r, (prior, transform) in zip(self.randoms, self._specs()):
+            gaussian = _gaussian_prior(prior, transform)
+            if gaussian is None:
                 continue
             size = int(np.prod(r.shape))
             m = self.loc[r.start : r.start + size].reshape(r.shape)
             v = variances[r.start : r.start + size].reshape(r.shape)
-            mu, sigma = r.gaussian
+            mu, sigma = gaussian
             terms = -0.5 * jnp.log(2 * jnp.pi * sigma**2) - ((m - mu) ** 2 + v) / (
                 2 * sigma**2
             )
@@ -211,15 +208,19 @@ class Guide(eqx.Module):
         raw = _metadata.unconstrain(model, self.overrides)
         leaves = jtu.tree_leaves(raw, is_leaf=_parameter.is_node)
         for r in self.randoms:
-            if jnp.shape(leaves[r.index]) != r.shape:
+            if jnp.shape(leaves[r.item]) != r.shape:
                 raise ValueError(
                     f"Guide.log_prob: `{r.label}` has shape "
-                    f"{jnp.shape(leaves[r.index])}, the guide's has {r.shape}. Pass "
+                    f"{jnp.shape(leaves[r.item])}, the guide's has {r.shape}. Pass "
                     "one model; for a batch of draws use "
                     "`jax.vmap(guide.log_prob)(draws)`."
                 )
-        u = jnp.concatenate([jnp.ravel(leaves[r.index]) for r in self.randoms])
+        u = jnp.concatenate([jnp.ravel(leaves[r.item]) for r in self.randoms])
         return self.distribution.log_prob(u)
+
+
+def _transform(spec: Any) -> Any:
+    return spec.transform() if spec.annotated else _transforms.Identity()
 
 
 def _gaussian_prior(prior: Any, transform: Any) -> tuple | None:
@@ -321,13 +322,7 @@ def guide(
             and eqx.is_inexact_array(item)
         ):
             value = jnp.asarray(value)
-            transform = spec.transform() if spec.annotated else _transforms.Identity()
-            randoms.append(
-                _Random(
-                    label, index, start, value.shape, transform, spec.prior,
-                    _gaussian_prior(spec.prior, transform),
-                )
-            )  # fmt: skip
+            randoms.append(_Random(label, index, start, value.shape))
             start_lp = _metadata.score_prior(label, spec.prior, item)
             if not _errors.is_traced(start_lp) and not bool(jnp.isfinite(start_lp)):
                 raise ValueError(
