@@ -75,3 +75,34 @@ def place_like(leaves: list, like: list) -> list:
         else:
             out.append(jax.device_put(x, target))
     return out
+
+
+def place_together(tree: Any) -> Any:
+    """`tree` with its uncommitted arrays committed where its first committed
+    one is (replicated over its mesh), if it has both kinds: a parameter made
+    with `jnp.zeros` meets data sharded over a mesh, and under `Explicit` axes
+    their types must agree (the gradient of a contraction over the sharded
+    rows, say)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    arrays = [x for x in leaves if isinstance(x, jax.Array)]
+    committed = [
+        x for x in arrays if not isinstance(x, jax.core.Tracer) and x.committed
+    ]
+    if not committed or len(committed) == len(arrays):
+        return tree
+    sharding = committed[0].sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        sharding = named(sharding.mesh, [])
+    elif not isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return tree
+    loose = [
+        i
+        for i, x in enumerate(leaves)
+        if isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and not x.committed
+    ]
+    placed = jax.device_put([leaves[i] for i in loose], sharding)
+    for i, x in zip(loose, placed):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)

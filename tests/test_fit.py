@@ -1418,3 +1418,149 @@ def test_vmap_of_closed_over_value_is_not_cached():
         assert losses.shape == (3, 300)
     gc.collect()
     assert not [a for a in jax.live_arrays() if a.shape == big.shape and a is not big]
+
+
+class _Kernel(eqx.Module):
+    lengthscale: jax.Array = ep.field(constraint=ep.constraints.positive)
+    offset: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+    fixed: jax.Array = ep.field(trainable=False)
+
+
+def test_constrained_fields_holding_raw_arrays_ask_for_parameterize():
+    """Forgetting `ep.parameterize`: the positive lengthscale would be trained
+    as a plain number (to -3 here) and the frozen field trained too."""
+    model = _Kernel(jnp.array(1.0), jnp.array(0.0), jnp.array(2.0))
+    loss = lambda m: jnp.sum((m.lengthscale + 3.0) ** 2 + m.offset**2 + m.fixed**2)
+    with pytest.raises(ValueError, match="ep.parameterize") as e:
+        ep.fit(model, loss, optimiser=optax.sgd(0.1), steps=5, progress=False)
+    assert "`lengthscale`" in str(e.value) and "`fixed`" in str(e.value)
+    assert "`offset`" not in str(e.value)  # a prior alone: the identity
+    # Parameterized, it trains inside the support and the frozen field stays.
+    params = ep.parameterize(model)
+    trained, _ = ep.fit(
+        params, lambda m: loss(ep.resolve(m)), optimiser=optax.sgd(0.1), steps=50,
+        progress=False,
+    )  # fmt: skip
+    resolved = ep.resolve(trained)
+    assert resolved.lengthscale > 0 and resolved.fixed == 2.0
+
+
+def test_a_raw_library_object_in_the_model_says_wrap_it():
+    model = {"prior": distrax.Normal(jnp.array(0.0), jnp.array(1.0)), "x": jnp.ones(2)}
+    loss = lambda m: -m["prior"].log_prob(m["x"]).sum()
+    with pytest.raises(TypeError, match=r"ep\.FixedDistrax\(Normal") as e:
+        ep.fit(model, loss, optimiser=optax.sgd(0.1), steps=5, progress=False)
+    assert "['prior']" in str(e.value)
+
+
+def test_an_unresolved_bijector_in_arithmetic_says_resolve():
+    node = ep.positive(2.0)
+    for use in (
+        lambda: node + 1.0,
+        lambda: 1.0 - node,
+        lambda: node * node,
+        lambda: -node,
+        lambda: jnp.exp(node),
+        lambda: node**2,
+    ):
+        with pytest.raises(TypeError, match=r"ep\.resolve"):
+            use()
+    with pytest.raises(TypeError, match=r"ep\.resolve"):
+        ep.fit(node, lambda s: (s - 1.0) ** 2, optimiser=optax.sgd(0.1), steps=5,
+               progress=False)  # fmt: skip
+
+
+def test_fit_state_is_all_leaves_and_init_is_the_fresh_start():
+    model, opt = _model(), optax.adam(0.05)
+    state = ep.FitState.init(model, opt)
+    assert all(eqx.is_array(x) for x in jax.tree.leaves(state))
+    assert int(state.step) == 0
+    fresh = ep.fit(model, _loss, optimiser=opt, steps=30, progress=False)
+    given = ep.fit(model, _loss, optimiser=opt, steps=30, progress=False, state=state)
+    for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(given)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="does not match"):
+        ep.fit(jnp.zeros(3), lambda x: jnp.sum(x**2), optimiser=opt, steps=2,
+               progress=False, state=state)  # fmt: skip
+
+
+_CHECKPOINT = """
+import sys
+import equinox as eqx, jax, jax.numpy as jnp, numpy as np, optax
+import eqxprob as ep
+
+data = jnp.linspace(-1.0, 2.0, 40)
+model = {"loc": jnp.array(0.0), "scale": ep.positive(1.0)}
+
+def loss(m, batch, key):
+    m = ep.resolve(m)
+    z = (batch - m["loc"]) / m["scale"]
+    return jnp.mean(0.5 * z**2 + jnp.log(m["scale"])) + 0.01 * jax.random.normal(key)
+
+kw = dict(optimiser=optax.adam(0.05), data=data, batch_size=7,
+          key=jax.random.key(3), progress=False)
+skeleton = (model, ep.FitState.init(model, kw["optimiser"]))
+if sys.argv[1] == "save":
+    m, losses, state = ep.fit(model, loss, steps=37, return_state=True, **kw)
+    eqx.tree_serialise_leaves(sys.argv[2], (m, state))
+    np.save(sys.argv[3], np.asarray(losses))
+else:
+    m, state = eqx.tree_deserialise_leaves(sys.argv[2], skeleton)
+    m, losses = ep.fit(m, loss, steps=63, state=state, **kw)
+    whole, all_losses = ep.fit(model, loss, steps=100, **kw)
+    first = np.load(sys.argv[3])
+    np.testing.assert_array_equal(np.concatenate([first, losses]), all_losses)
+    for a, b in zip(jax.tree.leaves(m), jax.tree.leaves(whole)):
+        np.testing.assert_array_equal(a, b)
+    print("resumed exactly", int(state.step))
+"""
+
+
+def test_a_checkpoint_resumes_in_a_new_process_bit_for_bit(tmp_path):
+    """Save (`eqx.tree_serialise_leaves`), a new process, a skeleton from
+    `ep.FitState.init`, resume: the losses and model of one long run, bit for
+    bit, with minibatches and a per-step key."""
+    from _processes import run_python
+
+    script = tmp_path / "checkpoint.py"
+    script.write_text(_CHECKPOINT)
+    paths = [str(tmp_path / "fit.eqx"), str(tmp_path / "losses.npy")]
+    run_python(str(script), "save", *paths)
+    out = run_python(str(script), "load", *paths).stdout
+    assert "resumed exactly 37" in out
+
+
+@pytest.mark.standard_promotion("the hand-written reference runs optax directly")
+def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan():
+    """1,037 steps in chunks of at most 200, with minibatches and a per-step key
+    (on an accelerator: blocks of 32, the last one partly discarded): the losses
+    and model of one hand-written `lax.scan` of the same draws."""
+    data = jnp.linspace(-2.0, 3.0, 50)
+    key, steps, batch = jax.random.key(7), 1037, 8
+    optimiser = optax.adam(0.02)
+
+    def loss(m, b, key):
+        return jnp.mean((b - m) ** 2) + 0.1 * jax.random.normal(key) * m
+
+    x, losses = ep.fit(
+        jnp.array(0.0), loss, optimiser=optimiser, steps=steps, data=data,
+        batch_size=batch, key=key, chunk_size=200, progress=False,
+    )  # fmt: skip
+    k_batch, k_loss = jax.random.split(key)
+
+    def body(carry, i):
+        m, state = carry
+        index = jax.random.randint(jax.random.fold_in(k_batch, i), (batch,), 0, 50)
+        value, grad = jax.value_and_grad(loss)(
+            m, data[index], jax.random.fold_in(k_loss, i)
+        )
+        updates, state = optimiser.update(grad, state, m)
+        return (optax.apply_updates(m, updates), state), value
+
+    m0 = jnp.array(0.0)
+    steps_ = jnp.arange(steps, dtype=jnp.int32)
+    (hand_x, _), hand = jax.jit(
+        lambda m: jax.lax.scan(body, (m, optimiser.init(m)), steps_)
+    )(m0)
+    np.testing.assert_allclose(losses, hand, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, hand_x, rtol=1e-5)

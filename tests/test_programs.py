@@ -1,0 +1,352 @@
+"""`ep.fit` trains what the code says at each call: every way of changing what a
+loss or optimiser reads between two calls gives the result of `jax.jit` on the
+function as it is then (a hand-written `lax.scan`), through the same loss object
+and through a fresh one; and equal code traced again compiles nothing."""
+
+import array
+import collections
+import functools
+import types
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from _compiles import Compilations
+
+import eqxprob as ep
+
+
+STEPS = 40
+
+
+def _reference(loss, optimiser=None, x0=None):
+    """`jax.jit` of a fresh `lax.scan` over the loss as it is now."""
+    optimiser = optimiser or optax.sgd(0.1)
+    x0 = jnp.zeros(2) if x0 is None else x0
+
+    @jax.jit
+    def run(x):
+        def body(carry, _):
+            x, state = carry
+            value, grads = jax.value_and_grad(lambda y: loss(y))(x)
+            with jax.numpy_dtype_promotion("standard"):
+                updates, state = optimiser.update(grads, state, x)
+            return (optax.apply_updates(x, updates), state), value
+
+        with jax.numpy_dtype_promotion("standard"):
+            state = optimiser.init(x)
+        return jax.lax.scan(body, (x, state), None, length=STEPS)
+
+    (x, _), losses = run(x0)
+    return x, losses
+
+
+def _check(loss, optimiser=None):
+    x, losses = ep.fit(
+        jnp.zeros(2),
+        loss,
+        optimiser=optimiser or optax.sgd(0.1),
+        steps=STEPS,
+        progress=False,
+    )
+    ref_x, ref_losses = _reference(loss, optimiser)
+    np.testing.assert_allclose(x, ref_x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    return x
+
+
+def _quadratic(x, target):
+    return jnp.sum((x - target) ** 2)
+
+
+G = 1.0
+
+
+def _reads_global(x):
+    return _quadratic(x, G)
+
+
+def _reads_globals_dict(x):
+    return _quadratic(x, globals()["G"])
+
+
+class _Slotted:
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+
+class _Config:
+    t = 1.0
+
+
+class _Int(int):
+    pass
+
+
+def _seven_deep(t):
+    node = {"t": t}
+    for _ in range(20):
+        node = {"next": node}
+    return node
+
+
+@functools.wraps(jnp.sum)
+def _wrapped_like_library(x):
+    return _quadratic(x, G)
+
+
+HELPERS = types.ModuleType("helpers")
+HELPERS.target = lambda: 1.0  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _via_helper_module(x):
+    return _quadratic(x, HELPERS.target())
+
+
+def _set_global(value):
+    global G
+    G = value
+
+
+CASES = {}
+
+
+def _case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+@_case
+def rebound_global():
+    _check(_reads_global)
+    _set_global(3.0)
+    return _check(_reads_global)
+
+
+@_case
+def global_read_through_globals_dict():
+    _check(_reads_globals_dict)
+    _set_global(-2.0)
+    return _check(_reads_globals_dict)
+
+
+@_case
+def attribute_read_by_getattr_with_a_string():
+    obj = types.SimpleNamespace(k=1.0)
+    name = "k"
+    loss = lambda x: _quadratic(x, getattr(obj, name))  # noqa: E731
+    _check(loss)
+    obj.k = 4.0
+    return _check(loss)
+
+
+@_case
+def slots_attribute():
+    obj = _Slotted(1.0)
+    loss = lambda x: _quadratic(x, obj.t)  # noqa: E731
+    _check(loss)
+    obj.t = 2.5
+    return _check(loss)
+
+
+@_case
+def containers_mutated_in_place():
+    targets, queue, arr = {1.0}, collections.deque([1.0]), array.array("d", [1.0])
+    loss = lambda x: _quadratic(x, max(targets) + queue[0] + arr[0])  # noqa: E731
+    _check(loss)
+    targets.add(2.0)
+    queue.appendleft(-1.0)
+    arr[0] = 0.5
+    return _check(loss)
+
+
+@_case
+def class_attribute():
+    loss = lambda x: _quadratic(x, _Config.t)  # noqa: E731
+    _check(loss)
+    _Config.t = -3.0
+    return _check(loss)
+
+
+@_case
+def function_attribute():
+    def loss(x):
+        return _quadratic(x, loss.k)  # pyright: ignore[reportFunctionMemberAccess]
+
+    loss.k = 1.0  # pyright: ignore[reportFunctionMemberAccess]
+    _check(loss)
+    loss.k = 2.0  # pyright: ignore[reportFunctionMemberAccess]
+    return _check(loss)
+
+
+@_case
+def attribute_of_an_int_subclass():
+    n = _Int(2)
+    n.scale = 1.0  # pyright: ignore[reportAttributeAccessIssue]
+    loss = lambda x: _quadratic(x, n * n.scale)  # pyright: ignore  # noqa: E731
+    _check(loss)
+    n.scale = 0.25  # pyright: ignore[reportAttributeAccessIssue]
+    return _check(loss)
+
+
+@_case
+def c_object_state():
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    loss = lambda x: _quadratic(x, rng.uniform())  # noqa: E731
+    _check_reseeded = lambda: (  # noqa: E731
+        setattr(rng.bit_generator, "state", state),
+        ep.fit(
+            jnp.zeros(2), loss, optimiser=optax.sgd(0.1), steps=STEPS, progress=False
+        ),  # fmt: skip
+        setattr(rng.bit_generator, "state", state),
+        _reference(loss),
+    )
+    _, (x, _), _, (ref, _) = _check_reseeded()
+    np.testing.assert_allclose(x, ref, rtol=1e-5)
+    rng.bit_generator.advance(5)
+    state = rng.bit_generator.state
+    _, (x, _), _, (ref, _) = _check_reseeded()
+    np.testing.assert_allclose(x, ref, rtol=1e-5)
+    return x
+
+
+@_case
+def user_function_wrapped_to_look_like_a_library_one():
+    _set_global(1.0)
+    _check(_wrapped_like_library)
+    _set_global(6.0)
+    return _check(_wrapped_like_library)
+
+
+@_case
+def state_deeper_than_any_walk():
+    tree = _seven_deep(1.0)
+
+    def loss(x):
+        node = tree
+        while "next" in node:
+            node = node["next"]
+        return _quadratic(x, node["t"])
+
+    _check(loss)
+    node = tree
+    while "next" in node:
+        node = node["next"]
+    node["t"] = -1.5
+    return _check(loss)
+
+
+@_case
+def helper_module_function_monkeypatched():
+    HELPERS.target = lambda: 1.0  # pyright: ignore[reportAttributeAccessIssue]
+    _check(_via_helper_module)
+    HELPERS.target = lambda: 2.0  # pyright: ignore[reportAttributeAccessIssue]
+    return _check(_via_helper_module)
+
+
+@_case
+def fresh_function_from_the_same_expression():
+    out = None
+    for target in (1.0, 2.0):
+        out = _check(lambda x, t=target: _quadratic(x, t))
+    return out
+
+
+@_case
+def numpy_array_mutated_in_place():
+    target = np.ones(2)
+    loss = lambda x: _quadratic(x, target)  # noqa: E731
+    _check(loss)
+    target[:] = [3.0, -1.0]
+    return _check(loss)
+
+
+@_case
+def optimiser_reading_a_mutable_schedule():
+    rates = [0.1]
+    schedule = lambda count: rates[0]  # noqa: E731
+    optimiser = optax.sgd(schedule)
+    loss = lambda x: _quadratic(x, 1.0)  # noqa: E731
+    _check(loss, optimiser)
+    rates[0] = 0.01
+    return _check(loss, optimiser)
+
+
+@_case
+def host_callback_reading_a_global():
+    # A host callback is named by index in the lowered text: never reused.
+    scale = [1.0]
+
+    def target(x):
+        shape = jax.ShapeDtypeStruct((), jnp.float32)
+        return jax.pure_callback(lambda: np.float32(scale[0]), shape)
+
+    loss = lambda x: _quadratic(x, target(x))  # noqa: E731
+    _check(loss)
+    scale[0] = 2.0
+    return _check(loss)
+
+
+@_case
+def static_field_of_an_equinox_loss():
+    class Loss(eqx.Module):
+        t: float = eqx.field(static=True)
+
+        def __call__(self, x):
+            return _quadratic(x, self.t)
+
+    _check(Loss(1.0))
+    return _check(Loss(-4.0))
+
+
+@pytest.mark.parametrize("name", CASES, ids=list(CASES))
+def test_fit_trains_what_the_loss_reads_now(name):
+    old = G
+    try:
+        CASES[name]()
+    finally:
+        _set_global(old)
+
+
+def test_equal_code_traced_again_compiles_nothing():
+    """The same loss object, a fresh equal lambda and a fresh equal optimiser:
+    identical programs, one compile in all; another target compiles anew."""
+
+    def run(loss, rate=0.1):
+        return ep.fit(
+            jnp.zeros(2), loss, optimiser=optax.adam(rate), steps=17, progress=False
+        )
+
+    loss = lambda x: _quadratic(x, 0.375)  # noqa: E731
+    run(loss)
+    with Compilations() as c:
+        run(loss)
+        run(lambda x: _quadratic(x, 0.375))
+        run(loss, rate=0.1)
+    assert c.count == 0
+    with Compilations() as c:
+        x, _ = run(lambda x: _quadratic(x, 0.625))
+    assert c.count == 1
+    np.testing.assert_allclose(x, [0.625, 0.625], atol=0.2)
+
+
+def test_a_vmap_over_a_value_the_loss_reads_is_the_loop_of_fits():
+    targets = jnp.array([1.0, -2.0, 0.5])
+    fit = lambda t: ep.fit(  # noqa: E731
+        jnp.zeros(2),
+        lambda x: _quadratic(x, t),
+        optimiser=optax.sgd(0.1),
+        steps=STEPS,
+        progress=False,
+    )[0]
+    batched = jax.vmap(fit)(targets)
+    for t, x in zip(targets, batched):
+        np.testing.assert_allclose(
+            x, _reference(lambda y, t=t: _quadratic(y, t))[0], rtol=1e-5
+        )
