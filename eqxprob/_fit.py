@@ -32,44 +32,27 @@ import optax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from . import _programs, _sharding
-from ._families import is_raw
+from ._families import family_of_instance, is_raw
 from ._metadata import unparameterized
 from ._parameter import trainable
 
 
-def _block(leaves: list, steps: int, problem: _Problem) -> int:
+def _block(leaves: list, steps: int) -> int:
     """Steps per block, the step loop's static trip count. An accelerator reads a
     dynamic loop's predicate on the host, once a step; blocks of 32 pay that
-    round trip once per block (a logistic regression's step on an H200: 0.0315
-    against 0.0155 ms, `benchmarks/fit_loop.py`), but the last block of a call
+    round trip once per block (a logistic regression's step on an H200: 0.0155
+    against 0.0315 ms, `benchmarks/fit_loop.py`), but the last block of a call
     computes up to 31 steps it discards. So: blocks of 32 on an accelerator for
-    a call of at least 1,000 steps (at most 3% discarded) whose loss makes no
-    host callback (which the discarded steps would make too); one step per
-    block otherwise, and on XLA:CPU, which runs on the host."""
+    a call of at least 1,000 steps (at most 3% discarded); one step per block
+    otherwise, on XLA:CPU (which runs on the host), and for a program with host
+    callbacks (which the discarded steps would make too: `fit`)."""
     for x in leaves:
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             platform = next(iter(x.devices())).platform
             break
     else:
         platform = jax.default_backend()
-    if platform == "cpu" or steps < 1000 or _calls_back(problem.traced):
-        return 1
-    return 32
-
-
-def _calls_back(closed: Any) -> bool:
-    """Whether a (closed) jaxpr, or one it calls, has a host callback; `True`
-    for `None` (a loss not traced on its own)."""
-    if closed is None:
-        return True
-    for eqn in getattr(closed, "jaxpr", closed).eqns:
-        if "callback" in eqn.primitive.name:
-            return True
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                if isinstance(sub, (jex.ClosedJaxpr, jex.Jaxpr)) and _calls_back(sub):
-                    return True
-    return False
+    return 1 if platform == "cpu" or steps < 1000 else 32
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -184,9 +167,10 @@ class _Problem:
     rows: int  # (0 without data)
     takes_key: bool
     promotion: str  # the dtype promotion in force where `fit` was called
-    # The loss's one trace in this call (`_trace_loss`), as a closed jaxpr of
-    # `value`'s arrays: the steps evaluate it rather than tracing the user's
-    # code again, which could read other state (a random draw, say).
+    # The loss's one trace in this call (`_trace_loss`), a closed jaxpr of
+    # `value`'s arrays (its constants may be an outer transformation's tracers).
+    # The steps evaluate it rather than tracing the user's code again, which
+    # could read other state (a random draw, say).
     traced: Any = None
 
     def value(self, params, fixed, data, keys, step):
@@ -219,7 +203,9 @@ class _Problem:
             updates, opt_state = optimiser.update(
                 grads, opt_state, params, value=value, grad=grads, value_fn=loss
             )
-        params = eqx.apply_updates(params, updates)
+            # (Cast back to each parameter's dtype: an update in another dtype,
+            # from `mu_dtype=` or a float64 learning rate, say.)
+            params = optax.apply_updates(params, updates)
         return params, _strong(opt_state), value.astype(_loss_dtype())
 
 
@@ -233,7 +219,7 @@ def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable
     steps `start .. start + n` (n <= capacity) and writing their losses to
     `losses[:n]`; `finite` is whether every parameter is finite at the end."""
 
-    def chunk(*flat):
+    def fit_chunk(*flat):
         params, opt, fixed, data, keys, start, n = jtu.tree_unflatten(trees, flat)
 
         def body(carry, i):
@@ -260,7 +246,7 @@ def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable
         )
         return jtu.tree_leaves((params, opt, losses, _all_finite(params)))
 
-    return chunk
+    return fit_chunk
 
 
 def _scan(problem, args, start, steps):
@@ -332,10 +318,10 @@ def _check_data(data: PyTree) -> int:
 def _check_model(model: PyTree) -> None:
     """Raise for what would train wrongly or fail obscurely: a raw library
     object in the model, or constrained fields holding raw arrays."""
-    raw = [
+    raw = [  # (numpyro's objects are proper pytrees: they train)
         (path, x)
         for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]
-        if is_raw(x)
+        if is_raw(x) and family_of_instance(x).name != "numpyro"  # pyright: ignore[reportOptionalMemberAccess]
     ]
     if raw:
         path, x = raw[0]
@@ -364,18 +350,9 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
     parameter."""
     call = "loss_fn(model" + (", batch" if data is not None else "")
     call += ", key=key)" if problem.takes_key else ")"
-
+    _check_signature(problem, call)
     arrays = (params, fixed, data, keys, jnp.int32(0))
-    try:
-        closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
-    except TypeError as e:
-        if "argument" not in str(e):
-            raise
-        raise TypeError(
-            f"fit: calling `{call}` failed: {e}. With `data`, the loss takes "
-            "`(model, batch)`; without, `(model)`; add a `key` parameter for a "
-            "fresh key per step."
-        ) from e
+    closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(
             f"fit: `{call}` must return a scalar array, got "
@@ -396,11 +373,26 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
             "the model's arrays in the loss; Python floats and ints are static, "
             "and `ep.Frozen` values are not trained."
         )
-    if len(closed.jaxpr.invars) != len(jtu.tree_leaves(arrays)) or any(
-        isinstance(c, jax.core.Tracer) for c in closed.consts
-    ):  # it reads an outer trace's values: traced again where it runs
-        return problem
     return dataclasses.replace(problem, traced=closed)
+
+
+def _check_signature(problem: _Problem, call: str) -> None:
+    """Raise if `loss_fn` cannot take the arguments `fit` passes (a `TypeError`
+    raised inside the loss is the user's own and is not relabelled)."""
+    try:
+        signature = inspect.signature(problem.loss)
+    except (TypeError, ValueError):
+        return
+    n = 1 + (problem.rows > 0)
+    kwargs = {"key": None} if problem.takes_key else {}
+    try:
+        signature.bind(*[None] * n, **kwargs)
+    except TypeError as e:
+        raise TypeError(
+            f"fit: `loss_fn` cannot be called as `{call}`: {e}. With `data`, the "
+            "loss takes `(model, batch)`; without, `(model)`; add a `key` "
+            "parameter for a fresh key per step."
+        ) from None
 
 
 def fit(
@@ -477,6 +469,12 @@ def fit(
     """
     steps = _check_int("steps", steps)
     chunk_size = _check_int("chunk_size", chunk_size)
+    if chunk_size > 1_000_000:
+        raise ValueError(
+            f"fit: `chunk_size` ({chunk_size}) is the length of the losses' buffer "
+            "of every chunk; at most 1,000,000 (the default, 10,000, rarely needs "
+            "changing: chunks are timed to last about a quarter of a second)."
+        )
     optimiser = _checked_optimiser(optimiser)
     if progress not in (True, False):
         raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
@@ -487,7 +485,7 @@ def fit(
             f"{type(state).__name__}."
         )
     takes_key = _takes_key(loss_fn)
-    rows = 0
+    rows, minibatches = 0, False
     if data is None:
         if batch_size is not None:
             raise ValueError(
@@ -501,6 +499,7 @@ def fit(
         )
         if batch_size is not None:
             batch_size = _check_int("batch_size", batch_size)
+            minibatches = True
             if batch_size > rows:
                 raise ValueError(
                     f"fit: `batch_size` ({batch_size}) is more than the number of "
@@ -508,7 +507,7 @@ def fit(
                 )
             if batch_size == rows:
                 batch_size = None
-    needs_key = batch_size is not None or takes_key
+    needs_key = minibatches or takes_key
     if needs_key and key is None:
         why = "minibatches" if batch_size is not None else "a loss taking `key`"
         raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
@@ -547,12 +546,14 @@ def fit(
     if any(isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))):
         return _traced(problem, model, static, args, start, steps, return_state)
     start = int(start)
-    block = _block(jtu.tree_leaves(args), steps, problem)
-    capacity = -(-chunk_size // block) * block
-    counters = (np.int32(start), np.int32(0))
-    flat, trees = jtu.tree_flatten((*args, *counters))
+    flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
+    block = _block(flat, steps)
     try:
-        run = _programs.program(_chunk(problem, trees, capacity, block), flat)
+        capacity = -(-chunk_size // block) * block
+        run, reusable = _programs.program(_chunk(problem, trees, capacity, block), flat)
+        if block > 1 and not reusable:  # host callbacks: no discarded steps
+            block, capacity = 1, chunk_size
+            run, _ = _programs.program(_chunk(problem, trees, capacity, 1), flat)
     except _programs.Traced:  # the loss reads a value of an outer `jax.vmap`
         return _traced(problem, model, static, args, start, steps, return_state)
     n_params = len(jtu.tree_leaves(params))
@@ -615,10 +616,14 @@ def _resumed(state: FitState, fresh: PyTree) -> PyTree:
             "`FitState` of a fit of the same model with the same optimiser, or "
             "`ep.FitState.init(model, optimiser)`."
         )
-    if jnp.shape(state.step) != () or not jnp.issubdtype(
-        jnp.result_type(state.step), jnp.integer
-    ):
+    step = state.step
+    if jnp.shape(step) != () or not jnp.issubdtype(jnp.result_type(step), jnp.integer):
         raise ValueError("fit: `state.step` must be an integer scalar.")
+    if not isinstance(step, jax.core.Tracer) and not 0 <= int(step) < 2**31 - 1:
+        raise ValueError(
+            f"fit: `state.step` must be a step count, 0 <= step < 2**31 - 1, got "
+            f"{int(step)}."
+        )
     return jtu.tree_unflatten(treedef, _sharding.place_like(opt, like))
 
 

@@ -1,12 +1,13 @@
 """Compiled programs reused only when the lowered computation is identical.
 
-`run(fn, args)` traces `fn` on `args` (flat lists of arrays) at every call, so what
-runs is what the code says now, and lowers the trace to StableHLO. Its text, without
-debug locations and with every constant written out in full, is the cache key:
-the criterion of JAX's own persistent compilation cache, exact because it is
-what XLA compiles. Nothing about the Python objects `fn` reads (code, closures,
-globals, attributes) is inspected: a changed global, a mutated container or a
-patched helper changes the trace, hence the text, hence the program.
+`program(fn, args)` traces `fn` on `args` (flat lists of arrays) at every call, so
+what runs is what the code says now, and lowers the trace to StableHLO. Its text,
+without debug locations and with every constant written out in full, keys the
+cache (by its SHA-256 digest): the criterion of JAX's own persistent compilation
+cache, exact because it is what XLA compiles. Nothing about the Python objects
+`fn` reads (code, closures, globals, attributes) is inspected: a changed global,
+a mutated container or a patched helper changes the trace, hence the text, hence
+the program.
 
 A cached program is `jax.jit` of the first matching trace's jaxpr (never of a
 Python function, which could read other state when retraced), so JAX still
@@ -19,17 +20,19 @@ function) or custom partitioning, or elided constants.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.core
 import jax.extend.core as jex
 
 
-_MAX = 64  # programs kept; the least recently used goes first
-_PROGRAMS: OrderedDict[str, Callable] = OrderedDict()
+_MAX = 32  # programs kept; the least recently used goes first
+_PROGRAMS: OrderedDict[bytes, Callable] = OrderedDict()
 _LOCK = threading.Lock()
 _UNCACHEABLE = ("callback", "CustomSPMDPartitioning", "__elided__")
 
@@ -39,12 +42,15 @@ class Traced(Exception):
     the caller, say): it cannot be compiled on its own."""
 
 
-def program(fn: Callable[..., list], args: list) -> Callable[..., list]:
+def program(fn: Callable[..., list], args: list) -> tuple[Callable[..., list], bool]:
     """A compiled program computing `fn(*args)` as traced now: the one compiled
-    for an identical lowering before, or a new one (compiled at its first call).
+    for an identical lowering before, or a new one (compiled at its first call),
+    and whether it may be reused (no host callbacks).
 
     Raises `Traced` if the trace closes over a tracer."""
-    traced = jax.jit(fn).trace(*args)
+    # (`keep_unused`: every input is in the lowered text, so two programs with
+    # one text take the same inputs.)
+    traced = jax.jit(fn, keep_unused=True).trace(*args)
     closed = traced.jaxpr
     # (An outer trace's values that `fn` reads become extra inputs, or consts.)
     if len(closed.jaxpr.invars) != len(args) or any(
@@ -53,13 +59,27 @@ def program(fn: Callable[..., list], args: list) -> Callable[..., list]:
         raise Traced
     text = traced.lower().as_text(debug_info=False)
     if any(word in text for word in _UNCACHEABLE):
-        return jax.jit(jex.jaxpr_as_fun(closed))
+        return _jitted(closed, fn), False
+    # (The text's digest, as JAX's persistent cache keys programs: a key of the
+    # text itself would hold every constant of the program twice.)
+    key = hashlib.sha256(text.encode()).digest()
     with _LOCK:
-        found = _PROGRAMS.get(text)
+        found = _PROGRAMS.get(key)
         if found is not None:
-            _PROGRAMS.move_to_end(text)
-            return found
-        made = _PROGRAMS[text] = jax.jit(jex.jaxpr_as_fun(closed))
+            _PROGRAMS.move_to_end(key)
+            return found, True
+        made = _PROGRAMS[key] = _jitted(closed, fn)
         if len(_PROGRAMS) > _MAX:
             _PROGRAMS.popitem(last=False)
-    return made
+    return made, True
+
+
+def _jitted(closed: Any, fn: Callable) -> Callable[..., list]:
+    """`jax.jit` of the closed jaxpr, named as `fn` (in JAX's messages)."""
+    run = jex.jaxpr_as_fun(closed)
+
+    def call(*args: Any) -> list:
+        return run(*args)
+
+    call.__name__ = call.__qualname__ = getattr(fn, "__name__", "program")
+    return jax.jit(call, keep_unused=True)

@@ -330,7 +330,7 @@ LOSSES = {
     "integer": (lambda m: jnp.int32(1), "dtype int32"),
     "complex": (lambda m: m.astype(jnp.complex64), "dtype complex"),
     "tuple": (lambda m: (m**2, m), "must return a scalar array, got tuple"),
-    "arity": (lambda: 1.0, r"calling `loss_fn\(model\)` failed"),
+    "arity": (lambda: 1.0, r"cannot be called as `loss_fn\(model\)`"),
 }
 
 
@@ -475,7 +475,7 @@ class _SkipAbove:
         return optax.tree.norm(updates) > self.t
 
 
-def test_a_user_object_held_by_a_library_object_is_keyed_by_what_its_class_reads():
+def test_a_user_object_held_by_a_library_object_changed_in_place_is_seen():
     # A fresh MultiSteps holding the same skip object, changed in place through an
     # attribute only a helper method reads: trained to the old threshold (found by
     # the red team; a fresh MultiSteps had compiled anew every call before).
@@ -493,9 +493,9 @@ def test_a_user_object_held_by_a_library_object_is_keyed_by_what_its_class_reads
 _HOLDER = optax.MultiSteps(optax.sgd(0.1), 1)
 
 
-def test_a_library_object_reached_by_two_functions_is_keyed_for_each():
-    # Keyed once per walk with the attribute names the first function read, a
-    # library object hid what the second reads of the user's object it holds.
+def test_a_library_object_reached_by_two_functions_trains_what_both_read():
+    # Two functions read different attributes of a user's object held by a
+    # library object: changing the second's must change what is trained.
     class Config:
         offset, target = 0.0, 1.0
 
@@ -848,7 +848,7 @@ def test_a_loss_that_ignores_the_trainable_parameters_is_an_error():
     assert losses[-1] < losses[0] and abs(float(trained.loc) - 2.0) < 1e-3
 
 
-def test_structural_keys_see_changes_the_loss_reads():
+def test_changes_to_what_the_loss_reads_are_trained():
     """A fresh compile whenever what the loss reads has changed: globals read in
     a comprehension, attributes of objects, bound methods and callable objects."""
     kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
@@ -924,10 +924,10 @@ def _trained(loss, steps=300):
     return x
 
 
-def test_a_reused_loss_key_sees_every_rebinding_of_what_the_loss_reads():
-    """The loss's structural key is reused while what it reads is the same
-    objects; each kind of rebinding must train to the new optimum (the target,
-    found by the quadratic's closed form), never the old program's."""
+def test_every_rebinding_of_what_the_loss_reads_is_trained():
+    """Each kind of rebinding of what the loss reads must train to the new
+    optimum (the target, found by the quadratic's closed form), never the old
+    program's."""
     global TARGET
     np.testing.assert_allclose(_trained(_to_global_target), 1.0, atol=1e-3)
     old = TARGET
@@ -1002,9 +1002,9 @@ class ToTarget(eqx.Module):
 
 
 def test_an_equal_callable_module_made_afresh_compiles_nothing():
-    """An `eqx.Module` (immutable, every field known) is keyed by its fields:
-    one made afresh per call with equal fields reuses the program; one whose
-    array, large array or function field differs trains to its own optimum."""
+    """An `eqx.Module` made afresh per call with equal fields traces to the same
+    program and reuses it; one whose array, large array or function field
+    differs trains to its own optimum."""
     for _ in range(2):
         with Compilations() as c:
             x = _trained(ToTarget(jnp.array([1.0, 2.0])))
@@ -1066,11 +1066,10 @@ class _Scaled(float):
     """A float with an attribute of its own."""
 
 
-def test_a_module_key_sees_what_its_code_reads_and_floats_by_their_bits():
-    """A Module in the loss is keyed by its fields with the names its code reads
-    (a plain object's attribute, a property over a global, a class attribute),
-    and floats anywhere by their bits: each change trains to its own optimum
-    (closed form), never to the program compiled before."""
+def test_a_callable_module_trains_what_its_code_reads():
+    """A Module in the loss reading a plain object's attribute, a property over
+    a global, a class attribute, floats anywhere: each change trains to its own
+    optimum (closed form), never to the program compiled before."""
     global SHIFT
     config = _Config(1.0)
     module = ReadsThrough(jnp.array(1.0), config)
@@ -1108,7 +1107,7 @@ def test_a_module_key_sees_what_its_code_reads_and_floats_by_their_bits():
 
 
 @pytest.mark.standard_promotion("int8 times a strong int32 promotes: the point here")
-def test_a_weak_and_a_strong_array_are_keyed_apart():
+def test_a_weak_and_a_strong_array_train_apart():
     """`int8 * weak 2` stays int8 (overflows to -56), `int8 * int32 2` is 200:
     equal bytes, different programs."""
     data = jnp.array([100], jnp.int8)
@@ -1126,7 +1125,7 @@ def test_a_weak_and_a_strong_array_are_keyed_apart():
         np.testing.assert_allclose(x, target, atol=1e-2)
 
 
-def test_float_leaves_of_the_model_are_keyed_by_their_bits():
+def test_float_leaves_of_the_model_train_by_their_bits():
     """A Python float leaf of the model (not static) is part of the compiled
     program: 0.0 and -0.0 get their own, and a fresh NaN reuses one."""
     loss = lambda m: jnp.sum((m[0] - jnp.arctan2(m[1], -1.0)) ** 2)  # noqa: E731
@@ -1141,7 +1140,7 @@ def test_float_leaves_of_the_model_are_keyed_by_their_bits():
     assert c.count == 0
 
 
-def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
+def test_signed_zeros_dtypes_and_a_callables_globals_train_apart():
     """Values that compare equal in Python but compute differently, and the
     globals read by a callable object's `__call__`: each trains to its own
     optimum (closed form), never to the one of a program compiled before."""
@@ -1170,11 +1169,11 @@ def test_keys_tell_apart_signed_zeros_dtypes_and_a_callables_globals():
         TARGET = old
 
 
-def test_keys_of_complex_signed_zeros_nan_and_from_8_threads():
-    """A complex keys with the signs of both parts; a NaN in the loss's closure
-    still raises (no stale program), and a new NaN object compiles nothing (keyed
-    by its bits); 8 threads keying and fitting their own
-    targets at once each reach their own optimum."""
+def test_complex_signed_zeros_a_nan_and_8_threads():
+    """A complex trains with the signs of both parts; a NaN in the loss's
+    closure still raises (no stale program), and a new NaN object compiles
+    nothing (the same constant); 8 threads fitting their own targets at once
+    each reach their own optimum."""
 
     def to_angle(c):
         return lambda x: jnp.sum((x - jnp.arctan2(c.imag, c.real)) ** 2)
@@ -1206,8 +1205,8 @@ def test_keys_of_complex_signed_zeros_nan_and_from_8_threads():
 
 
 def test_a_loss_closing_over_a_typed_prng_key():
-    """A typed key (no NumPy form) is keyed by its key data: each key trains to
-    its own draw (the quadratic's optimum), and an equal key compiles nothing."""
+    """A loss closing over a typed key: each key trains to its own draw (the
+    quadratic's optimum), and an equal key compiles nothing."""
 
     def to_draw(k):
         return lambda x: jnp.sum((x - jax.random.normal(k, (2,))) ** 2)
@@ -1239,9 +1238,9 @@ def test_an_equal_rebound_global_does_not_compile_and_a_new_one_does():
         TARGET = old
 
 
-def test_a_partial_whose_keywords_change_in_place_is_keyed_afresh():
+def test_a_partial_whose_keywords_change_in_place_trains_them():
     """`partial.keywords` is a dict: changed in place, the partial is the same
-    object but computes something else, so its key must not be remembered."""
+    object but computes something else."""
     to = functools.partial(optax.l2_loss, targets=jnp.ones(2))
     read_as_global = lambda x: jnp.sum(to(x))  # noqa: E731
     np.testing.assert_allclose(_trained(read_as_global), 1.0, atol=1e-3)
@@ -1397,9 +1396,9 @@ def _walk_list(x):
     return _walk(x)
 
 
-def test_vmap_of_closed_over_value_is_not_cached():
-    # A plan keyed by a tracer is never met again; cached, it kept the batched
-    # values alive (one per call, up to the cache's size).
+def test_vmap_of_closed_over_value_keeps_no_batched_values_alive():
+    # A fit under a `jax.vmap` of a value its loss reads runs in the caller's
+    # trace; nothing it caches may keep the batched values alive.
     import gc
 
     big = jnp.tile(jnp.arange(3.0)[:, None], (1, 40_000))  # targets 0, 1, 2
@@ -1564,3 +1563,37 @@ def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan():
     )(m0)
     np.testing.assert_allclose(losses, hand, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(x, hand_x, rtol=1e-5)
+
+
+def test_argument_edges_named_clearly():
+    loss = lambda m, b: jnp.mean((b - m) ** 2)  # noqa: E731
+    kw = dict(optimiser=optax.sgd(0.1), steps=3, progress=False)
+    # A batch of every row, with a key: accepted (the key draws nothing).
+    x, _ = ep.fit(jnp.array(0.0), loss, data=DATA, batch_size=6,
+                  key=jax.random.key(0), **kw)  # fmt: skip
+    y, _ = ep.fit(jnp.array(0.0), loss, data=DATA, **kw)
+    assert x == y
+    with pytest.raises(ValueError, match="chunk_size"):
+        ep.fit(jnp.array(0.0), loss, data=DATA, chunk_size=10**8, **kw)
+    # A TypeError raised inside the loss is the user's own, not relabelled.
+    with pytest.raises(TypeError, match="axs") as e:
+        ep.fit(jnp.ones(2), lambda m: jnp.sum(m, axs=0), **kw)
+    assert "cannot be called" not in str(e.value)
+    with pytest.raises(TypeError, match=r"cannot be called as `loss_fn\(model\)`"):
+        ep.fit(jnp.ones(2), lambda m, b: jnp.sum(m), **kw)
+    state = ep.FitState.init(jnp.ones(2), kw["optimiser"])
+    for step in (-1, 2**31):
+        bad = eqx.tree_at(lambda s: s.step, state, np.asarray(step, np.int64))
+        with pytest.raises(ValueError, match="state.step"):
+            ep.fit(jnp.ones(2), lambda m: jnp.sum(m**2), state=bad, **kw)
+
+
+def test_a_raw_numpyro_distribution_in_the_model_trains():
+    """numpyro's objects are proper pytrees: `fit` accepts them raw."""
+    dist = pytest.importorskip("numpyro.distributions")
+    model = {"d": dist.Normal(jnp.array(0.0), jnp.array(1.0))}
+    data = jnp.array([1.0, 2.0, 3.0])
+    loss = lambda m: -jnp.sum(m["d"].log_prob(data))  # noqa: E731
+    trained, _ = ep.fit(model, loss, optimiser=optax.adam(0.05), steps=300,
+                        progress=False)  # fmt: skip
+    np.testing.assert_allclose(trained["d"].loc, 2.0, atol=0.05)

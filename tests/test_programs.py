@@ -34,7 +34,7 @@ def _reference(loss, optimiser=None, x0=None):
             value, grads = jax.value_and_grad(lambda y: loss(y))(x)
             with jax.numpy_dtype_promotion("standard"):
                 updates, state = optimiser.update(grads, state, x)
-            return (optax.apply_updates(x, updates), state), value
+                return (optax.apply_updates(x, updates), state), value
 
         with jax.numpy_dtype_promotion("standard"):
             state = optimiser.init(x)
@@ -350,3 +350,68 @@ def test_a_vmap_over_a_value_the_loss_reads_is_the_loop_of_fits():
         np.testing.assert_allclose(
             x, _reference(lambda y, t=t: _quadratic(y, t))[0], rtol=1e-5
         )
+
+
+def test_the_loss_is_traced_once_a_call_eagerly_and_under_a_transformation():
+    """A loss that reads changing state while traced (a counter here, a NumPy
+    draw in practice) is traced once a call, as by `jax.jit` of a fresh
+    function: also when it closes over a value of an outer `jax.jit` or
+    `jax.vmap`, and with an optimiser that re-evaluates it (L-BFGS)."""
+    traces = []
+
+    def loss_for(t):
+        def loss(x):
+            traces.append(1)
+            return _quadratic(x, t)
+
+        return loss
+
+    def fit(t, optimiser=None):
+        return ep.fit(
+            jnp.zeros(2), loss_for(t), optimiser=optimiser or optax.sgd(0.1),
+            steps=STEPS, progress=False,
+        )[0]  # fmt: skip
+
+    for run in (
+        lambda: fit(1.0),
+        lambda: fit(1.0, optax.lbfgs()),
+        lambda: jax.jit(fit)(1.0),
+        lambda: jax.vmap(fit)(jnp.array([1.0, 2.0])),
+        lambda: jax.vmap(lambda t: fit(t, optax.lbfgs()))(jnp.array([1.0, 2.0])),
+    ):
+        traces.clear()
+        run()
+        assert len(traces) == 1
+
+
+@pytest.mark.parametrize(
+    "dtype, optimiser",
+    [
+        (jnp.bfloat16, optax.adamw(1e-2, mu_dtype=jnp.float32)),
+        (jnp.float16, optax.sgd(np.float32(0.05))),
+        (jnp.bfloat16, optax.sgd(jnp.float32(0.05))),
+    ],
+    ids=["bf16-mu-f32", "f16-lr-f32", "bf16-lr-f32"],
+)
+def test_updates_in_another_dtype_keep_the_parameters_dtype(dtype, optimiser):
+    """As `optax.apply_updates`: the parameters keep their dtype."""
+    x0 = jnp.zeros(4, dtype)
+    loss = lambda x: jnp.sum((x.astype(jnp.float32) - 2.0) ** 2)  # noqa: E731
+    x, losses = ep.fit(x0, loss, optimiser=optimiser, steps=STEPS, progress=False)
+    ref, ref_losses = _reference(loss, optimiser, x0)
+    assert x.dtype == dtype
+    np.testing.assert_array_equal(
+        np.asarray(x, np.float32), np.asarray(ref, np.float32)
+    )
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+
+
+def test_a_float64_learning_rate_on_float32_parameters():
+    with jax.enable_x64(True):
+        optimiser = optax.adam(np.logspace(-3, -1, 5)[3])
+        x0 = jnp.zeros(2, jnp.float32)
+        loss = lambda x: _quadratic(x, 1.0)  # noqa: E731
+        x, _ = ep.fit(x0, loss, optimiser=optimiser, steps=STEPS, progress=False)
+        ref, _ = _reference(loss, optimiser, x0)
+        assert x.dtype == jnp.float32
+        np.testing.assert_allclose(x, ref, rtol=1e-6)
