@@ -395,6 +395,63 @@ def _check_signature(problem: _Problem, call: str) -> None:
         ) from None
 
 
+def _arguments(
+    loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
+):
+    """`fit`'s arguments checked, with messages that say how to fix them."""
+    steps = _check_int("steps", steps)
+    chunk_size = _check_int("chunk_size", chunk_size)
+    if chunk_size > 1_000_000:
+        raise ValueError(
+            f"fit: `chunk_size` ({chunk_size}) is the length of the losses' buffer "
+            "of every chunk; at most 1,000,000 (the default, 10,000, rarely needs "
+            "changing: chunks are timed to last about a quarter of a second)."
+        )
+    optimiser = _checked_optimiser(optimiser)
+    if progress not in (True, False):
+        raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
+    if state is not None and not isinstance(state, FitState):
+        raise TypeError(
+            "fit: `state` must be an `ep.FitState` (`ep.FitState.init(model, "
+            "optimiser)` or one returned by `ep.fit(..., return_state=True)`), got "
+            f"{type(state).__name__}."
+        )
+    takes_key = _takes_key(loss_fn)
+    rows, minibatches = 0, False
+    if data is None:
+        if batch_size is not None:
+            raise ValueError(
+                "fit: `batch_size` needs `data` (a PyTree of arrays with a row axis)."
+            )
+    else:
+        rows = _check_data(data)
+        # NumPy rows are indexed by traced minibatch indices: make them JAX arrays.
+        data = jtu.tree_map(
+            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, data
+        )
+        if batch_size is not None:
+            batch_size = _check_int("batch_size", batch_size)
+            minibatches = True
+            if batch_size > rows:
+                raise ValueError(
+                    f"fit: `batch_size` ({batch_size}) is more than the number of "
+                    f"rows in `data` ({rows})."
+                )
+            if batch_size == rows:
+                batch_size = None
+    needs_key = minibatches or takes_key
+    if needs_key and key is None:
+        why = "minibatches" if batch_size is not None else "a loss taking `key`"
+        raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
+    if key is not None and not needs_key:
+        raise ValueError(
+            "fit: `key` is used only for minibatches (`data` with `batch_size`) or "
+            "by a loss with a `key` parameter; this call has neither. Drop `key`, "
+            "or add `key` to the loss's parameters."
+        )
+    return steps, chunk_size, optimiser, takes_key, data, rows, batch_size
+
+
 def fit(
     model: PyTree,
     loss_fn: Callable[..., Array],
@@ -467,56 +524,9 @@ def fit(
     when that lowering is identical, constants included (see
     [the fit guide](../howto/fit.md)).
     """
-    steps = _check_int("steps", steps)
-    chunk_size = _check_int("chunk_size", chunk_size)
-    if chunk_size > 1_000_000:
-        raise ValueError(
-            f"fit: `chunk_size` ({chunk_size}) is the length of the losses' buffer "
-            "of every chunk; at most 1,000,000 (the default, 10,000, rarely needs "
-            "changing: chunks are timed to last about a quarter of a second)."
-        )
-    optimiser = _checked_optimiser(optimiser)
-    if progress not in (True, False):
-        raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
-    if state is not None and not isinstance(state, FitState):
-        raise TypeError(
-            "fit: `state` must be an `ep.FitState` (`ep.FitState.init(model, "
-            "optimiser)` or one returned by `ep.fit(..., return_state=True)`), got "
-            f"{type(state).__name__}."
-        )
-    takes_key = _takes_key(loss_fn)
-    rows, minibatches = 0, False
-    if data is None:
-        if batch_size is not None:
-            raise ValueError(
-                "fit: `batch_size` needs `data` (a PyTree of arrays with a row axis)."
-            )
-    else:
-        rows = _check_data(data)
-        # NumPy rows are indexed by traced minibatch indices: make them JAX arrays.
-        data = jtu.tree_map(
-            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, data
-        )
-        if batch_size is not None:
-            batch_size = _check_int("batch_size", batch_size)
-            minibatches = True
-            if batch_size > rows:
-                raise ValueError(
-                    f"fit: `batch_size` ({batch_size}) is more than the number of "
-                    f"rows in `data` ({rows})."
-                )
-            if batch_size == rows:
-                batch_size = None
-    needs_key = minibatches or takes_key
-    if needs_key and key is None:
-        why = "minibatches" if batch_size is not None else "a loss taking `key`"
-        raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
-    if key is not None and not needs_key:
-        raise ValueError(
-            "fit: `key` is used only for minibatches (`data` with `batch_size`) or "
-            "by a loss with a `key` parameter; this call has neither. Drop `key`, "
-            "or add `key` to the loss's parameters."
-        )
+    steps, chunk_size, optimiser, takes_key, data, rows, batch_size = _arguments(
+        loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
+    )
     _check_model(model)
 
     params, static = eqx.partition(model, trainable(model))
@@ -560,6 +570,24 @@ def fit(
     n_state = n_params + len(jtu.tree_leaves(opt))
     out_trees = (jtu.tree_structure(params), jtu.tree_structure(opt))
 
+    done, losses, like = _chunks(
+        run, flat, n_state, out_trees, static, steps, start, block, capacity, progress
+    )
+    params = jtu.tree_unflatten(out_trees[0], flat[:n_params])
+    history = _history(losses, like)
+    result = model if done == 0 else eqx.combine(params, static)
+    if return_state:
+        opt = jtu.tree_unflatten(out_trees[1], flat[n_params:n_state])
+        return result, history, FitState(opt, _step_count(start + done))
+    return result, history
+
+
+def _chunks(
+    run, flat, n_state, out_trees, static, steps, start, block, capacity, progress
+):
+    """Run `steps` steps in chunks of `run`, updating `flat` (the trained and
+    optimiser leaves) in place: progress, Ctrl-C, and the non-finite replay.
+    Returns the steps done, the chunks' losses and the last chunk's buffer."""
     bar = _progress_bar(progress, steps)
     losses: list[np.ndarray] = []
     done, length, like = 0, min(128, capacity), None
@@ -589,18 +617,12 @@ def fit(
         warnings.warn(
             f"fit: interrupted after {done} of {steps} steps; returning the model "
             "and losses reached so far.",
-            stacklevel=2,
+            stacklevel=3,  # (the caller of `fit`)
         )
     finally:
         if bar is not None:
             bar.close()
-    params = jtu.tree_unflatten(out_trees[0], flat[:n_params])
-    history = _history(losses, like)
-    result = model if done == 0 else eqx.combine(params, static)
-    if return_state:
-        opt = jtu.tree_unflatten(out_trees[1], flat[n_params:n_state])
-        return result, history, FitState(opt, _step_count(start + done))
-    return result, history
+    return done, losses, like
 
 
 def _resumed(state: FitState, fresh: PyTree) -> PyTree:
