@@ -260,7 +260,9 @@ def guide(
     `init_scale`. Leaves without a prior are point estimates, trained with the
     guide; frozen leaves (`trainable=False`) stay fixed. A model holding
     `ep.Bijector` nodes keeps them as point estimates; declare random parameters
-    with `ep.field` metadata on plain arrays.
+    with `ep.field` metadata on plain arrays. The guide keeps every constrained
+    field in unconstrained space itself (the model is not `ep.parameterize`d
+    first), so `ep.fit` trains it inside the supports.
 
     **Arguments:**
 
