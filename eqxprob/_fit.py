@@ -172,12 +172,15 @@ class _Problem:
     # The steps evaluate it rather than tracing the user's code again, which
     # could read other state (a random draw, say).
     traced: Any = None
+    avals: list = dataclasses.field(default_factory=list)  # (shape, dtype) each
 
     def value(self, params, fixed, data, keys, step):
         """The loss of global step `step` at the trainable `params`."""
-        if self.traced is not None:
-            leaves = jtu.tree_leaves((params, fixed, data, keys, step))
+        leaves = jtu.tree_leaves((params, fixed, data, keys, step))
+        if self.traced is not None and list(map(_aval, leaves)) == self.avals:
             return jex.jaxpr_as_fun(self.traced)(*leaves)[0]
+        # (Not the traced inputs: a line search's trial parameters, promoted by
+        # `params + stepsize * updates`. The loss, traced again, as optax does.)
         args: list[Any] = [eqx.combine(params, fixed, self.skeleton)]
         if data is not None:
             if self.batch_size is not None:
@@ -207,6 +210,10 @@ class _Problem:
             # from `mu_dtype=` or a float64 learning rate, say.)
             params = optax.apply_updates(params, updates)
         return params, _strong(opt_state), value.astype(_loss_dtype())
+
+
+def _aval(x: Any) -> tuple:
+    return tuple(x.shape), x.dtype
 
 
 def _loss_dtype() -> Any:
@@ -373,7 +380,8 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
             "the model's arrays in the loss; Python floats and ints are static, "
             "and `ep.Frozen` values are not trained."
         )
-    return dataclasses.replace(problem, traced=closed)
+    avals = [_aval(v.aval) for v in closed.jaxpr.invars]
+    return dataclasses.replace(problem, traced=closed, avals=avals)
 
 
 def _check_signature(problem: _Problem, call: str) -> None:
@@ -417,7 +425,7 @@ def _arguments(
             f"{type(state).__name__}."
         )
     takes_key = _takes_key(loss_fn)
-    rows, minibatches = 0, False
+    rows = 0
     if data is None:
         if batch_size is not None:
             raise ValueError(
@@ -431,15 +439,12 @@ def _arguments(
         )
         if batch_size is not None:
             batch_size = _check_int("batch_size", batch_size)
-            minibatches = True
             if batch_size > rows:
                 raise ValueError(
                     f"fit: `batch_size` ({batch_size}) is more than the number of "
                     f"rows in `data` ({rows})."
                 )
-            if batch_size == rows:
-                batch_size = None
-    needs_key = minibatches or takes_key
+    needs_key = batch_size is not None or takes_key
     if needs_key and key is None:
         why = "minibatches" if batch_size is not None else "a loss taking `key`"
         raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
@@ -553,7 +558,9 @@ def fit(
     problem = _trace_loss(problem, params, fixed, data, keys)
 
     args = (params, opt, fixed, data, keys)
-    if any(isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))):
+    if _under_a_trace() or any(
+        isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))
+    ):
         return _traced(problem, model, static, args, start, steps, return_state)
     start = int(start)
     flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
@@ -623,6 +630,13 @@ def _chunks(
         if bar is not None:
             bar.close()
     return done, losses, like
+
+
+def _under_a_trace() -> bool:
+    """Whether `fit` is called while a function is traced into a program
+    (`jax.jit`, `lax.scan`, ...), where even an operation on concrete values
+    gives a tracer: the steps then belong in that program."""
+    return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
 def _resumed(state: FitState, fresh: PyTree) -> PyTree:

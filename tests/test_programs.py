@@ -415,3 +415,45 @@ def test_a_float64_learning_rate_on_float32_parameters():
         ref, _ = _reference(loss, optimiser, x0)
         assert x.dtype == jnp.float32
         np.testing.assert_allclose(x, ref, rtol=1e-6)
+
+
+@pytest.mark.standard_promotion("optax's line search mixes float32 and float64")
+def test_a_line_search_in_another_precision_re_traces_the_loss():
+    """optax's L-BFGS line search evaluates the loss at `params + step * updates`,
+    which float64 steps promote: the loss is traced again for those, as optax
+    does, rather than the float32 trace failing."""
+    with jax.enable_x64(True):
+        loss = lambda x: _quadratic(x, 3.0)  # noqa: E731
+        x0 = jnp.zeros(2, jnp.float32)
+        optimiser = optax.lbfgs()
+        x, _ = ep.fit(x0, loss, optimiser=optimiser, steps=5, progress=False)
+
+        def body(carry, _):
+            y, state = carry
+            value, grad = jax.value_and_grad(loss)(y)
+            updates, state = optimiser.update(
+                grad, state, y, value=value, grad=grad, value_fn=loss
+            )
+            return (optax.apply_updates(y, updates), state), value
+
+        (ref, _), _ = jax.lax.scan(body, (x0, optimiser.init(x0)), None, length=5)
+        assert x.dtype == jnp.float32
+        np.testing.assert_allclose(x, ref, rtol=1e-6)
+
+
+def test_fit_of_concrete_values_inside_a_traced_function():
+    """Called inside `jax.jit`, `lax.scan` or `eqx.filter_jit` on values it
+    closes over (no tracer among its arguments), `fit` is part of that trace."""
+    x0, loss = jnp.zeros(2), lambda x: _quadratic(x, 3.0)  # noqa: E731
+    state = ep.FitState.init(x0, optax.adam(0.1))
+
+    def fit(t):
+        x, _ = ep.fit(x0, loss, optimiser=optax.adam(0.1), steps=STEPS,
+                      progress=False, state=state)  # fmt: skip
+        return x + t
+
+    eager = fit(0.0)
+    np.testing.assert_allclose(jax.jit(fit)(0.0), eager, rtol=1e-6)
+    np.testing.assert_allclose(eqx.filter_jit(lambda: fit(0.0))(), eager, rtol=1e-6)
+    _, ys = jax.lax.scan(lambda c, t: (c, fit(t)), 0.0, jnp.zeros(2))
+    np.testing.assert_allclose(ys[1], eager, rtol=1e-6)
