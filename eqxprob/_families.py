@@ -33,11 +33,6 @@ fails with a message naming it when the upstream library changes):
   `jax.config` can no longer choose the devices). If it moved, that is used.
 - JAX: `jax.lax.copy_p` (exported, but a primitive rather than a documented
   function) for fresh tracers; it compiles away (same HLO, tested).
-- JAX: `jax._src.interpreters.pxla.batched_device_put(aval, sharding, xs, devices,
-  committed=)` with `jax._src.core.ShapedArray`, to put `ep.fit`'s losses on one
-  device, committed or not as the trained arrays are, in ~4 µs (`to_device`). If
-  it fails, `jax.device_put` (uncommitted, ~20 µs) or
-  `jax.make_array_from_callback` (committed, ~10 µs) is used instead.
 - numpyro: `numpyro.distributions.transforms._InverseTransform` (what `t.inv`
   returns), refused as a class to wrap.
 - TFP: `tensorflow_probability.substrates.jax.internal.parameter_properties
@@ -193,73 +188,6 @@ def fresh(x: Any) -> Any:
         except Exception:  # noqa: BLE001 - e.g. a typed PRNG key array
             return _alias_public(x)
     return x
-
-
-def _to_device_private(values: np.ndarray, sharding: Any, committed: bool) -> Any:
-    from jax._src.core import ShapedArray
-    from jax._src.interpreters.pxla import batched_device_put
-
-    (device,) = sharding.device_set
-    aval = ShapedArray(values.shape, values.dtype)
-    return batched_device_put(aval, sharding, [values], [device], committed=committed)
-
-
-def _to_device_public(values: np.ndarray, sharding: Any, committed: bool) -> Any:
-    if committed:
-        return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
-    return jax.device_put(values)  # uncommitted: on the default device
-
-
-@functools.cache
-def _to_device_is_private() -> bool:
-    """Whether the private path gives what the public one does (checked once,
-    at the first use rather than at import)."""
-    try:
-        values = np.arange(3.0, dtype=np.float32)
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        for committed in (False, True):
-            x = _to_device_private(values, sharding, committed)
-            if not (
-                isinstance(x, jax.Array)
-                and x.committed == committed
-                and x.sharding == sharding
-                and x.dtype == values.dtype
-                and bool((np.asarray(x) == values).all())
-            ):
-                return False
-        return True
-    except Exception:  # noqa: BLE001 - any failure means: use the public fallback
-        return False
-
-
-def to_device(values: np.ndarray, sharding: Any, committed: bool) -> jax.Array:
-    """The NumPy array `values` as a JAX array with the single-device `sharding`,
-    committed to its device or not (as `committed`): what `jax.device_put` gives
-    for an uncommitted array, without its ~15 µs of Python.
-
-    **Example:**
-
-    ```python
-    import jax
-    import numpy as np
-    from eqxprob._families import to_device
-
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    x = to_device(np.arange(3.0), sharding, committed=False)
-    assert not x.committed and (np.asarray(x) == np.arange(3.0)).all()
-    ```
-    """
-    dtype = jax.dtypes.canonicalize_dtype(values.dtype)  # float32 without x64
-    if values.dtype != dtype:
-        values = values.astype(dtype)
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding) and (
-        _to_device_is_private()
-    ):
-        try:
-            return _to_device_private(values, sharding, committed)
-        except Exception:  # noqa: BLE001 - e.g. a dtype it does not take
-            pass
-    return _to_device_public(values, sharding, committed)
 
 
 def fresh_tree(tree: Any) -> Any:

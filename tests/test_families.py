@@ -90,23 +90,6 @@ def test_pin_jax_array_alias_fast_path():
     assert y.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
 
 
-def test_pin_jax_batched_device_put_for_host_arrays():
-    assert _families._to_device_is_private(), (
-        "jax._src.interpreters.pxla.batched_device_put(aval, sharding, xs, devices, "
-        "committed=) or jax._src.core.ShapedArray changed: ep.fit's losses fall back "
-        "to jax.device_put (~15 µs slower). Update eqxprob/_families.py:"
-        "_to_device_private."
-    )
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    for values in (np.linspace(-1.0, 1.0, 7), np.zeros((0,), np.float32)):
-        for committed in (False, True):
-            x = _families.to_device(values, sharding, committed)
-            reference = jax.device_put(values, sharding if committed else None)
-            assert x.committed == reference.committed == committed
-            assert x.sharding == reference.sharding and x.dtype == reference.dtype
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(reference))
-
-
 def test_pin_jax_copy_primitive_and_numpyro_inverse_transform():
     assert hasattr(jax.lax, "copy_p"), (
         "jax.lax.copy_p is gone: update eqxprob/_families.py:fresh."
