@@ -1,7 +1,8 @@
 """Where-function labels and `WhereDict` against the known approaches.
 
-Run: `python benchmarks/where.py`. Prints median times with ratios against a
-baseline measured in the same run; asserts nothing about time.
+Run: `python benchmarks/where.py` (`--quick`: 3 rounds). Prints median times
+with ratios against a baseline measured in the same run; asserts nothing about
+time.
 
 Baselines implemented here:
 
@@ -12,6 +13,7 @@ Baselines implemented here:
   Needs a tree; fails when a node and its own child are both selected.
 """
 
+import argparse
 import collections
 import dis
 import statistics
@@ -23,7 +25,6 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 import eqxprob as ep
-from eqxprob import _where  # noqa: F401 (used in timed statements)
 
 
 # ---------------------------------------------------------------- baselines
@@ -139,23 +140,18 @@ CLOSURE = _closure("readout")
 # ----------------------------------------------------------------- timing
 
 ENTRIES = "entries = dict(zip(WHERES, range(5)))"
-CLEAR = "_where._clear_caches()"
 
 
 def measure(rows, repeat=31, run_seconds=0.002):
     """Median ns per call of each `(name, stmt, setup)`, timed in interleaved rounds.
 
     Interleaving exposes every row to the same background load, which keeps the
-    ratios meaningful on a busy machine. A row whose name ends in "first time"
-    clears eqxprob's label caches before every call; the cost of clearing them,
-    timed alongside, is subtracted.
+    ratios meaningful on a busy machine.
     """
-    timers = {}
-    for name, stmt, setup in rows:
-        if name.endswith("first time"):
-            stmt = f"{CLEAR}; {stmt}"
-        timers[name] = timeit.Timer(stmt, setup=setup, globals=dict(globals()))
-    timers["clear"] = timeit.Timer(CLEAR, globals=dict(globals()))
+    timers = {
+        name: timeit.Timer(stmt, setup=setup, globals=dict(globals()))
+        for name, stmt, setup in rows
+    }
     numbers = {}
     for name, timer in timers.items():
         one = min(timer.repeat(repeat=3, number=1))
@@ -164,28 +160,18 @@ def measure(rows, repeat=31, run_seconds=0.002):
     for _ in range(repeat):
         for name, timer in timers.items():
             runs[name].append(timer.timeit(numbers[name]) / numbers[name] * 1e9)
-    medians = {name: statistics.median(times) for name, times in runs.items()}
-    clear = medians.pop("clear")
-    return {
-        name: ns - clear if name.endswith("first time") else ns
-        for name, ns in medians.items()
-    }
+    return {name: statistics.median(times) for name, times in runs.items()}
 
 
 SECTIONS = {
     "label of one where-function": [
-        ("eqxprob where_labels, first time", "ep.where_labels(SEEN)", "pass"),
+        ("eqxprob where_labels", "ep.where_labels(SEEN)", "pass"),
         (
-            "eqxprob where_labels, new function, same code",
+            "eqxprob where_labels, new lambda",
             "ep.where_labels(lambda s: s.mechanics.effector)",
             "pass",
         ),
-        ("eqxprob where_labels, seen function", "ep.where_labels(SEEN)", "pass"),
-        (  # reads a closure variable: never cached, recorded at every call
-            "eqxprob where_labels, closure (uncached)",
-            "ep.where_labels(CLOSURE)",
-            "pass",
-        ),
+        ("eqxprob where_labels, closure", "ep.where_labels(CLOSURE)", "pass"),
         ("dis bytecode", "dis_labels(SEEN)", "pass"),
         ("tree ids + eqx.tree_at", "tree_id_labels(SEEN, TREE)", "pass"),
     ],
@@ -195,8 +181,7 @@ SECTIONS = {
             "collections.OrderedDict(pairs)",
             "pairs = list(zip(LABELS, range(5)))",
         ),
-        ("WhereDict, first time", "ep.WhereDict(entries)", ENTRIES),
-        ("WhereDict, seen functions", "ep.WhereDict(entries)", ENTRIES),
+        ("WhereDict from where-functions", "ep.WhereDict(entries)", ENTRIES),
         (
             "WhereDict from labels",
             "ep.WhereDict(entries)",
@@ -216,12 +201,7 @@ SECTIONS = {
             "d[key]",
             f"{ENTRIES}; d = ep.WhereDict(entries); key = LABELS[0]",
         ),
-        ("WhereDict[seen lambda]", "d[SEEN]", f"{ENTRIES}; d = ep.WhereDict(entries)"),
-        (
-            "WhereDict[new lambda, same code]",
-            "d[lambda s: s.mechanics.effector]",
-            f"{ENTRIES}; d = ep.WhereDict(entries)",
-        ),
+        ("WhereDict[lambda]", "d[SEEN]", f"{ENTRIES}; d = ep.WhereDict(entries)"),
         ("dis dict[lambda]", "d[SEEN]", f"{ENTRIES}; d = DisDict(entries)"),
         (
             "tree-id dict[lambda]",
@@ -233,6 +213,9 @@ SECTIONS = {
 
 
 def main():
+    parser = argparse.ArgumentParser(description="Where-function label timings.")
+    parser.add_argument("--quick", action="store_true", help="3 rounds, not 31")
+    args = parser.parse_args()
     # The approaches agree (all entries are attribute-only, which `dis` needs).
     assert [ep.where_labels(w) for w in WHERES] == LABELS
     assert [dis_labels(w) for w in WHERES] == LABELS
@@ -244,25 +227,13 @@ def main():
     width = 46
     print(f"Python {sys.version.split()[0]}, median per call; ratio to the first row")
     print(f"{'':{width}} {'median':>10} {'ratio':>9}")
-    results = {}
     for title, rows in SECTIONS.items():
         print(f"-- {title} " + "-" * (width + 16 - len(title)))
-        times = measure(rows)
+        times = measure(rows, repeat=3 if args.quick else 31)
         base = times[rows[0][0]]
         for name, ns in times.items():
-            results[name] = ns
             time = f"{ns / 1000:.2f} µs" if ns >= 1000 else f"{ns:.0f} ns"
             print(f"{name:{width}} {time:>10} {ns / base:>8.1f}x")
-
-    od = results["OrderedDict[label]"]
-    seen = results["WhereDict[seen lambda]"]
-    first = results["eqxprob where_labels, first time"]
-    print("-- targets " + "-" * (width + 9))
-    print(f"WhereDict[seen lambda]: {seen:.0f} ns (<= 1 µs), {seen / od:.1f}x (<= 20x)")
-    print(f"WhereDict[label]: {results['WhereDict[label]'] / od:.2f}x (<= 2x)")
-    print(f"first-time label: {first / 1000:.2f} µs (<= 5 µs)")
-    uncached = results["eqxprob where_labels, closure (uncached)"]
-    print(f"uncached (closure) label: {uncached / 1000:.2f} µs (<= 10 µs)")
 
 
 if __name__ == "__main__":

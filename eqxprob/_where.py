@@ -1,22 +1,21 @@
-"""Where-functions: labels, key paths, and a mapping keyed by where-functions.
+"""Where-functions as labels: record what a where-function selects.
 
 A where-function such as `lambda m: m.kernel.lengthscale` (as taken by
 `eqx.tree_at`) is called here on a *recorder*, a stand-in for the tree whose
 attribute and item accesses return new recorders that remember the access chain.
 That gives a label (`"kernel.lengthscale"`) without any tree and without reading
-bytecode. Labels are cached (see `where_labels`) and can be parsed back into
-where-functions, so a label and a where-function name the same node.
+bytecode. Every call records afresh, so a label follows what the function reads
+at that call. Labels parse back into where-functions, so a label and a
+where-function name the same node; key paths, `WhereDict` and `tree_at_all`
+build on these labels.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
-import opcode
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
-from types import CodeType, FunctionType
 from typing import Any
 
 import equinox as eqx
@@ -44,47 +43,43 @@ _TOKEN = re.compile(
 class _Recorder:
     """Stands in for the tree and records the accesses a where-function makes.
 
-    All attribute access goes through `__getattribute__` (not `__getattr__`, which
-    Python reaches only after raising an `AttributeError`, several times slower),
-    so the label lives in a slot read through its descriptor.
+    Every attribute access goes through `__getattribute__`, so that no selected
+    name is shadowed by an attribute of the recorder itself (its `label` slot,
+    `__doc__`, methods), and dunders are refused.
     """
 
     __slots__ = ("label",)
 
+    def __init__(self, label: str):
+        self.label = label
+
     def __getattribute__(self, name: str) -> Any:
-        label = _get_label(self)
-        if not name.isidentifier() or name[0] == "_" and name[:2] == "__" == name[-2:]:
-            if name == "__class__":
+        label = _label_of(self)
+        if not name.isidentifier() or name.startswith("__") and name.endswith("__"):
+            if name == "__class__":  # for `isinstance`
                 return _Recorder
             raise TypeError(_misuse(label, f"the attribute {name!r}"))
-        child = _new(_Recorder)
-        _set_label(child, f"{label}.{name}" if label else name)
-        return child
+        return _Recorder(f"{label}.{name}" if label else name)
 
     def __getitem__(self, key: Any) -> _Recorder:
-        label = _get_label(self)
-        if type(key) is str:
-            label = f"{label}[{key!r}]"
-        elif isinstance(key, bool):
+        label = _label_of(self)
+        if isinstance(key, bool):
             raise TypeError(_misuse(label, f"the key {key!r} (use an int or a str)"))
-        else:
-            try:
-                label = f"{label}[{operator.index(key)}]"
-            except TypeError:
-                raise TypeError(
-                    _misuse(label, f"the key {key!r} (use an int or a str)")
-                ) from None
-        child = _new(_Recorder)
-        _set_label(child, label)
-        return child
+        if type(key) is str:
+            return _Recorder(f"{label}[{key!r}]")
+        try:
+            return _Recorder(f"{label}[{operator.index(key)}]")
+        except TypeError:
+            raise TypeError(
+                _misuse(label, f"the key {key!r} (use an int or a str)")
+            ) from None
 
     def __repr__(self) -> str:
-        return f"<selection {_get_label(self)!r}>"
+        return f"<selection {_label_of(self)!r}>"
 
 
-_new = object.__new__
-_get_label = _Recorder.label.__get__  # type: ignore[attr-defined]
-_set_label = _Recorder.label.__set__  # type: ignore[attr-defined]
+def _label_of(recorder: _Recorder) -> str:
+    return object.__getattribute__(recorder, "label")
 
 
 def _misuse(label: str, what: str) -> str:
@@ -94,7 +89,7 @@ def _misuse(label: str, what: str) -> str:
 
 def _forbid(what: str) -> Callable[..., Any]:
     def method(self: _Recorder, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(_misuse(_get_label(self), what))
+        raise TypeError(_misuse(_label_of(self), what))
 
     return method
 
@@ -121,106 +116,17 @@ def _forbid_all() -> None:
 
 
 _forbid_all()
-_ONLY_RECORDERS = frozenset({_Recorder})
-_ROOT = _new(_Recorder)
-_set_label(_ROOT, "")
+
+
+def _is_recorder(x: Any) -> bool:
+    return type(x) is _Recorder
 
 
 def _label_leaf(x: Any) -> str:
-    if type(x) is _Recorder:
-        return _get_label(x)
+    if _is_recorder(x):
+        return _label_of(x)
     raise TypeError(
         f"{_ALLOWED} This one returned a {type(x).__name__} instead of a selection."
-    )
-
-
-def _record(where: Where) -> PyTree[str]:
-    out = where(_ROOT)
-    if type(out) is _Recorder:
-        return _get_label(out)
-    if type(out) is tuple and out and _ONLY_RECORDERS.issuperset(map(type, out)):
-        return tuple(map(_get_label, out))
-    is_recorder = lambda x: type(x) is _Recorder  # noqa: E731
-    if not jtu.tree_leaves(out, is_leaf=is_recorder):
-        raise TypeError(f"{_ALLOWED} This one selects nothing (it returned {out!r}).")
-    return jtu.tree_map(_label_leaf, out, is_leaf=is_recorder)
-
-
-# ----------------------------------------------------------------------- caching
-#
-# A label is cached only for code that reads nothing but its one argument: no
-# closure cells, no globals or builtins, no defaults, no nested code. Its label
-# then depends on the code object alone, so the cache is keyed by the code (and
-# shared by every lambda made from it). Anything else (a closure variable, a
-# global index, `len`) is recorded afresh at every call, about 2 µs, and so can
-# never go stale. Labels in lists or dicts, which the caller could mutate, are
-# not cached either.
-
-_CACHE_SIZE = 4096
-_UNCACHED = object()
-# Opcodes through which code may read something besides its argument and its
-# constants. They are looked for as bytes in the whole bytecode, arguments
-# included: a false hit only means the label is not cached.
-_READS_OUTSIDE = tuple(
-    opcode.opmap[name]
-    for name in (
-        "LOAD_GLOBAL",
-        "LOAD_NAME",
-        "LOAD_FROM_DICT_OR_GLOBALS",
-        "LOAD_DEREF",
-        "LOAD_CLASSDEREF",
-        "IMPORT_NAME",
-    )
-    if name in opcode.opmap
-)
-# id(code) -> (code, label or _UNCACHED); id, since hashing a code object is slow.
-_by_code: dict[int, tuple[CodeType, Any]] = {}
-
-
-def _reads_only_its_argument(code: CodeType) -> bool:
-    return (
-        code.co_argcount <= 1
-        and not code.co_kwonlyargcount
-        and not code.co_freevars
-        and not any(op in code.co_code for op in _READS_OUTSIDE)
-        and not any(type(const) is CodeType for const in code.co_consts)
-    )
-
-
-def _is_frozen(label: PyTree[str]) -> bool:
-    if isinstance(label, tuple):
-        return all(map(_is_frozen, label))
-    return type(label) is str or label is None
-
-
-def _function_label(f: FunctionType) -> PyTree[str]:
-    code = f.__code__
-    entry = _by_code.get(id(code))
-    if entry is not None and entry[0] is code:
-        label = entry[1]
-        return _record(f) if label is _UNCACHED else label
-    label = _record(f)  # raises for a function that does not select: not cached
-    if len(_by_code) >= _CACHE_SIZE:  # simply emptied when full
-        _by_code.clear()
-    cacheable = _reads_only_its_argument(code) and _is_frozen(label)
-    _by_code[id(code)] = (code, label if cacheable else _UNCACHED)
-    return label
-
-
-def _clear_caches() -> None:
-    """Forget every cached label (for benchmarks and tests)."""
-    _by_code.clear()
-    _parse.cache_clear()
-
-
-def _label(where: Where) -> PyTree[str]:
-    if type(where) is FunctionType:
-        return _function_label(where)
-    if callable(where):  # partials, methods, `operator.attrgetter`: not cached
-        return _record(where)
-    raise TypeError(
-        "`where` must be a function such as `lambda m: m.a.b[0]` or a label such "
-        f"as 'a.b[0]'; got a {type(where).__name__}."
     )
 
 
@@ -234,7 +140,6 @@ def _render(steps: _Steps) -> str:
     return "".join(parts)
 
 
-@functools.lru_cache(maxsize=_CACHE_SIZE)
 def _parse(label: str) -> _Steps:
     steps, pos = [], 0
     while pos < len(label):
@@ -260,7 +165,6 @@ def _parse(label: str) -> _Steps:
     return tuple(steps)
 
 
-@functools.lru_cache(maxsize=_CACHE_SIZE)
 def _where_from_label(label: str) -> Where:
     steps = _parse(label)
 
@@ -282,12 +186,9 @@ def where_labels(where: Where | str) -> PyTree[str]:
     `jax.tree_util.keystr(())`. A label parses back into a where-function, so
     labels may be used wherever where-functions are.
 
-    Labels are cached only for functions that read nothing but their argument
-    (no closure variables, globals, builtins or defaults), whose label depends
-    on their code alone; every lambda made from that code shares the entry. Any
-    other function, e.g. `lambda m, i=i: m.layers[i]` or a closure over a loop
-    variable, is recorded afresh at every call (about 2 µs), so its label follows
-    the values it reads and is never stale.
+    `where` is called at every call of `where_labels`, so the label follows what
+    it reads then: a closure variable, a default argument or a global index
+    gives its current value, as calling `where` on a tree would.
 
     **Arguments:**
 
@@ -312,14 +213,25 @@ def where_labels(where: Where | str) -> PyTree[str]:
     assert ep.where_labels(lambda s: s.mechanics.effector) == "mechanics.effector"
     labels = ep.where_labels(lambda s: (s.a, s.b[0], s.c["k"]))
     assert labels == ("a", "b[0]", "c['k']")
+    i = 0
+    where = lambda s: s.layers[i]
+    assert ep.where_labels(where) == "layers[0]"
+    i = 2
+    assert ep.where_labels(where) == "layers[2]"
     ```
     """
-    if type(where) is FunctionType:
-        return _function_label(where)
     if isinstance(where, str):
         _parse(where)
         return where
-    return _label(where)
+    if not callable(where):
+        raise TypeError(
+            "`where` must be a function such as `lambda m: m.a.b[0]` or a label "
+            f"such as 'a.b[0]'; got a {type(where).__name__}."
+        )
+    out = where(_Recorder(""))
+    if not jtu.tree_leaves(out, is_leaf=_is_recorder):
+        raise TypeError(f"{_ALLOWED} This one selects nothing (it returned {out!r}).")
+    return jtu.tree_map(_label_leaf, out, is_leaf=_is_recorder)
 
 
 # ------------------------------------------------------------------------- paths
@@ -431,7 +343,7 @@ def where_paths(
 
 
 def _key_label(key: Any) -> str:
-    label = _function_label(key) if type(key) is FunctionType else where_labels(key)
+    label = where_labels(key)
     if type(label) is not str:
         raise TypeError(
             "A WhereDict key must select a single node, but this where-function "
@@ -457,9 +369,9 @@ class WhereDict(dict):
     surgery (the original ones, or ones parsed from labels given as keys), as
     `tree_at_all` does.
 
-    A `WhereDict` is a `dict` from labels to values, so looking up a label costs
-    what it does in a `dict`, and looking up a where-function one cached
-    `where_labels`. It is immutable: build a new one to change it.
+    A `WhereDict` is a `dict` from labels to values; a where-function is looked
+    up by its label at that call (see `where_labels`). It is immutable: build a
+    new one to change it.
 
     **Arguments:**
 
@@ -512,13 +424,7 @@ class WhereDict(dict):
         self._keys = keys
 
     def __missing__(self, key: Any) -> Any:
-        # Reached for every key but a label present. First, inlined, the fast path
-        # of `_function_label`: a where-function whose code has a cached label.
-        if type(key) is FunctionType:
-            code = key.__code__
-            entry = _by_code.get(id(code))
-            if entry is not None and entry[0] is code and type(entry[1]) is str:
-                return self[entry[1]]
+        # Reached for every key but a label present.
         if isinstance(key, str):
             labels = ", ".join(map(repr, self)) or "none"
             raise KeyError(

@@ -5,6 +5,7 @@ import functools
 import operator
 import pickle
 import re
+import types
 
 import equinox as eqx
 import jax
@@ -95,7 +96,7 @@ LABELS = {
 @pytest.mark.parametrize("name", LABELS, ids=list(LABELS))
 def test_labels(name):
     where, expected = LABELS[name]
-    for _ in range(2):  # computed, then cached
+    for _ in range(2):  # recorded afresh each time, to the same labels
         labels = ep.where_labels(where)
         assert labels == expected
         assert type(labels) is type(expected)
@@ -168,7 +169,7 @@ def test_round_trip_property(steps):
     assert label == jtu.keystr(tuple(keys)).removeprefix(".")
 
 
-# ---------------------------------------------------------- closures and caching
+# -------------------------------------------- labels follow what `where` reads
 
 
 def test_loop_variable_closures_follow_python_semantics():
@@ -193,7 +194,7 @@ def test_rebinding_a_closure_variable_changes_the_label():
 
 
 def test_equal_values_of_other_types_are_not_mixed_up():
-    # 1 == True == 1.0, but only 1 is an index: the cached label must not be reused.
+    # 1 == True == 1.0, but only 1 is an index: each value is checked at its call.
     i = 1
     where = lambda m: m.layers[i]
     assert ep.where_labels(where) == "layers[1]"
@@ -211,6 +212,7 @@ def test_defaults_and_keyword_only_defaults():
     assert ep.where_labels(where) == "layers[5]"
     kw = lambda m, *, k="a": m.table[k]
     assert ep.where_labels(kw) == "table['a']"
+    assert kw.__kwdefaults__ is not None
     kw.__kwdefaults__["k"] = "b"  # mutated in place
     assert ep.where_labels(kw) == "table['b']"
 
@@ -241,7 +243,7 @@ def test_rebinding_a_global_changes_the_label():
 def test_mutable_and_unhashable_closure_values_give_fresh_labels():
     idx = [0]
     by_list = lambda m: m.layers[idx[0]]
-    config = type("Config", (), {"key": "a"})()
+    config = types.SimpleNamespace(key="a")
     by_object = lambda m: m.table[config.key]
     names = {"which": "x"}
     by_dict = lambda m: getattr(m, names["which"])
@@ -254,12 +256,34 @@ def test_mutable_and_unhashable_closure_values_give_fresh_labels():
         assert ep.where_labels(by_dict) == f"f{n}"
 
 
-def test_mutating_returned_labels_does_not_corrupt_the_cache():
+def test_mutating_returned_labels_does_not_change_later_labels():
     where = lambda s: [s.a, {"b": s.b}]
     labels = ep.where_labels(where)
     labels.append("junk")
     labels[1]["b"] = "junk"
     assert ep.where_labels(where) == ["a", {"b": "b"}]
+
+
+def test_where_dict_lookup_follows_a_closure_variable():
+    d = ep.WhereDict({"layers[0]": "first", "layers[1]": "second"})
+    i = 0
+    where = lambda m: m.layers[i]
+    assert d[where] == "first" and where in d
+    i = 1
+    assert d[where] == "second" and d.get(where) == "second"
+    i = 2
+    assert where not in d and d.get(where) is None
+    with pytest.raises(KeyError, match=re.escape("No entry for 'layers[2]'")):
+        d[where]
+
+
+def test_functions_from_one_code_with_different_defaults_differ():
+    first, second = [lambda m, k=k: m.table[k] for k in ("a", "b")]
+    assert first.__code__ is second.__code__
+    assert ep.where_labels(first) == "table['a']"
+    assert ep.where_labels(second) == "table['b']"
+    d = ep.WhereDict({first: 1, second: 2})
+    assert (d[first], d[second]) == (1, 2)
 
 
 def test_emptied_closure_cell():
