@@ -38,7 +38,6 @@ from ._parameter import (
     positive as positive,
     positive_definite as positive_definite,
     resolve as resolve,
-    resolve_all_bijectors as resolve_all_bijectors,
     simplex as simplex,
     trainable as trainable,
 )
@@ -105,7 +104,6 @@ __all__ = [
     "positive",
     "positive_definite",
     "resolve",
-    "resolve_all_bijectors",
     "simplex",
     "trainable",
 ]

@@ -2,13 +2,13 @@
 
 A `Constraint` owns everything about its support: `check` (with one tolerance per
 dtype, `tolerance`), its event dimensionality, the message that says how to fix a
-value outside it, and, through `register_bijector`, its default bijector. The
+value outside it, and its default bijector (`bijector`). The
 shortcuts (`ep.positive`, ...) and the registry (`ep.field(constraint=...)`) both
 call `validate` and `default_bijector` here, so there is one rule per constraint.
 
-**Where to add a constraint:** subclass `Constraint` in this file (or your own),
-implement `check`, and register its default bijector with `register_bijector`
-(the built-in transforms live in `_transforms.py`).
+**Where to add a constraint:** one subclass of `Constraint` in this file (or your
+own), with `check`, `fix` and `bijector` (the built-in transforms live in
+`_transforms.py`), plus its export line in `constraints.py`.
 """
 
 from __future__ import annotations
@@ -27,21 +27,27 @@ from . import _errors, _transforms
 class Constraint(abc.ABC):
     """Base class of constraints: the support a parameter must lie in.
 
-    Subclass it, implement `check`, set `event_ndim` if the constraint is about
-    vectors (1) or matrices (2) rather than single numbers (0), and register a
-    default bijector with `ep.register_bijector`.
+    Subclass it, implement `check` and `bijector` (the default bijector), and
+    set `event_ndim` if the constraint is about vectors (1) or matrices (2)
+    rather than single numbers (0): that one class is the whole constraint.
 
     **Example:**
 
     ```python
     import jax.numpy as jnp
+    from tensorflow_probability.substrates.jax import bijectors as tfb
     import eqxprob as ep
 
     class Negative(ep.constraints.Constraint):
         def check(self, value):
             return (value < 0) & jnp.isfinite(value)
 
+        def bijector(self):
+            return tfb.Chain([tfb.Scale(-1.0), tfb.Exp()])
+
     assert bool(Negative().check(jnp.array(-1.0)))
+    assert ep.default_bijector(Negative()).forward(jnp.array(0.0)) == -1.0
+    node = ep.Bijector.from_value(-2.0, constraint=Negative())
     ```
     """
 
@@ -52,6 +58,13 @@ class Constraint(abc.ABC):
     def check(self, value: Float[Array, "*shape"]) -> Bool[Array, "*batch"]:
         """Boolean array of the batch shape (`value.shape` without the last
         `event_ndim` axes): is each value (vector, matrix) in the support?"""
+
+    def bijector(self) -> Any:
+        """The default bijector from unconstrained space onto the support, or
+        `None` (then `ep.register_bijector` may give one). Its
+        `forward_log_det_jacobian` is the density correction with respect to
+        the constraint's own measure (for matrices: the free entries)."""
+        return None
 
     def _host_check(self, value: np.ndarray) -> np.ndarray:
         """`check` on a NumPy array; built-ins override it to compile nothing."""
@@ -142,6 +155,9 @@ class Real(_Elementwise):
     def _test(self, v, xp):
         return xp.isfinite(v)
 
+    def bijector(self) -> Any:
+        return _transforms.Identity()
+
     def __repr__(self) -> str:
         return "constraints.real"
 
@@ -154,6 +170,9 @@ class Positive(_Elementwise):
     def _test(self, v, xp):
         return (v > 0) & (v < np.inf)
 
+    def bijector(self) -> Any:
+        return _transforms.Softplus()
+
     def __repr__(self) -> str:
         return "constraints.positive"
 
@@ -165,6 +184,9 @@ class Nonnegative(_Elementwise):
 
     def _test(self, v, xp):
         return (v >= 0) & (v < np.inf)
+
+    def bijector(self) -> Any:
+        return _transforms.Softplus(floor=True)
 
     def __repr__(self) -> str:
         return "constraints.nonnegative"
@@ -226,6 +248,9 @@ class GreaterThan(_Elementwise):
     def _test(self, v, xp):
         return (v > self.low) & (v < np.inf)
 
+    def bijector(self) -> Any:
+        return _transforms.SoftplusFrom(self.low, 1.0)
+
     def __repr__(self) -> str:
         return f"constraints.greater_than({_errors.short(self.low)})"
 
@@ -241,6 +266,9 @@ class LessThan(_Elementwise):
 
     def _test(self, v, xp):
         return (v < self.high) & (v > -np.inf)
+
+    def bijector(self) -> Any:
+        return _transforms.SoftplusFrom(self.high, -1.0)
 
     def __repr__(self) -> str:
         return f"constraints.less_than({_errors.short(self.high)})"
@@ -264,6 +292,9 @@ class Interval(_Elementwise):
 
     def _test(self, v, xp):
         return (v > self.low) & (v < self.high)
+
+    def bijector(self) -> Any:
+        return _transforms.Sigmoid(self.low, self.high)
 
     def __repr__(self) -> str:
         low, high = _errors.short(self.low), _errors.short(self.high)
@@ -291,6 +322,9 @@ class Simplex(_Tested):
         if len(shape) < 1 or shape[-1] < 1:
             return "needs a last axis of size >= 1"
         return None
+
+    def bijector(self) -> Any:
+        return _transforms.SoftmaxCentered()
 
     def __repr__(self) -> str:
         return "constraints.simplex"
@@ -334,6 +368,9 @@ class LowerCholesky(_Square):
     def _test(self, v, xp):
         return _triangular(v, xp)
 
+    def bijector(self) -> Any:
+        return _transforms.LowerCholesky()
+
     def __repr__(self) -> str:
         return "constraints.lower_cholesky"
 
@@ -352,6 +389,9 @@ class CorrCholesky(_Square):
         tol = _errors.tolerance(_float_dtype(v))
         norms = xp.sum(xp.where(xp.isfinite(v), v, 0) ** 2, axis=-1)
         return _triangular(v, xp) & xp.all(xp.abs(norms - 1) <= tol, axis=-1)
+
+    def bijector(self) -> Any:
+        return _transforms.CorrCholesky()
 
     def __repr__(self) -> str:
         return "constraints.corr_cholesky"
@@ -376,6 +416,9 @@ class PositiveDefinite(_Square):
         symmetric = xp.all(xp.abs(safe - vt) <= tol * scale[..., None, None], (-2, -1))
         eigenvalues = xp.linalg.eigvalsh((safe + vt) / 2)
         return finite & symmetric & xp.all(eigenvalues > 0, axis=-1)
+
+    def bijector(self) -> Any:
+        return _transforms.PositiveDefinite()
 
     def __repr__(self) -> str:
         return "constraints.positive_definite"
@@ -424,7 +467,9 @@ _FACTORIES: dict[type, Callable[[Any], Any]] = {}
 
 
 def register_bijector(constraint_type: type) -> Callable[[Callable], Callable]:
-    """Register the default bijector of a constraint type (like numpyro's `biject_to`).
+    """Register the default bijector of a constraint type (like numpyro's `biject_to`),
+    for a constraint class you do not own; it takes precedence over the class's
+    own `bijector` method.
 
     The decorated factory takes the constraint instance and returns a bijector:
     a `FixedDistrax` bijector, a raw TFP bijector, or an `eqx.Module` with
@@ -488,29 +533,16 @@ def default_bijector(constraint: Constraint) -> Any:
     ```
     """
     constraint = as_constraint(constraint, "default_bijector")
-    factory = _FACTORIES.get(type(constraint))
-    if factory is None:
+    factory = _FACTORIES.get(type(constraint), type(constraint).bijector)
+    bijector = factory(constraint)
+    if bijector is None:
         raise TypeError(
             f"No default bijector is registered for the constraint {constraint!r} "
             f"(type {type(constraint).__name__}). Register one with "
             f"`@ep.register_bijector({type(constraint).__name__})`, or pass "
             "`bijector=` explicitly."
         )
-    return _transforms.as_transform(
-        factory(constraint), f"default_bijector({constraint!r})"
-    )
-
-
-register_bijector(Real)(lambda c: _transforms.Identity())
-register_bijector(Positive)(lambda c: _transforms.Softplus())
-register_bijector(Nonnegative)(lambda c: _transforms.Softplus(floor=True))
-register_bijector(GreaterThan)(lambda c: _transforms.SoftplusFrom(c.low, 1.0))
-register_bijector(LessThan)(lambda c: _transforms.SoftplusFrom(c.high, -1.0))
-register_bijector(Interval)(lambda c: _transforms.Sigmoid(c.low, c.high))
-register_bijector(Simplex)(lambda c: _transforms.SoftmaxCentered())
-register_bijector(LowerCholesky)(lambda c: _transforms.LowerCholesky())
-register_bijector(PositiveDefinite)(lambda c: _transforms.PositiveDefinite())
-register_bijector(CorrCholesky)(lambda c: _transforms.CorrCholesky())
+    return _transforms.as_transform(bijector, f"default_bijector({constraint!r})")
 
 
 # --- constraints of other libraries ---------------------------------------------

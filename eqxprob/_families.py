@@ -1,4 +1,4 @@
-"""Everything eqxprob knows about distrax, TFP-JAX and numpyro, one adapter per family.
+"""The family adapters: everything eqxprob knows about distrax, TFP-JAX and numpyro.
 
 `FixedDistrax` (in `_wrappers.py`) is family-agnostic: it asks `family_of(cls)` for the
 adapter of a class and goes through it to read the constructor signature, build the
@@ -8,48 +8,18 @@ object and call the uniform method set. Adding a fourth family means writing one
 numpyro is optional (`pip install 'eqxprob[numpyro]'`): it is imported only when a
 class or object from it is seen, which means the user has it.
 
-**Thread safety.** No function here mutates process-wide state. TFP caches bijector
-results in one store shared by all instances, keyed by the *identity* of the input
-array and by the bijector's parameters (by value). A call traced under `jit`/`scan`
-leaves tracers in that store, and a later call with the same input array object and an
-equal bijector gets the leaked tracer back (`UnexpectedTracerError`), also in another
-thread. Instead of swapping TFP's store (which is global, and which another thread may
-be using), every array that a wrapped call hands to an object of a caching family
-is a *fresh reference* made for that call: a new `jax.Array` object sharing the
-buffers of a concrete array, or `lax.copy_p` of a tracer (compiled away by XLA). A
-cache entry made in one call is then keyed by an object nobody else ever sees, so no
-other call can hit it; within one call the cache works as before.
+**TFP's bijector cache.** TFP caches bijector results in one store shared by all
+instances, keyed by the *identity* of the input array. A call traced under
+`jit`/`scan` leaves tracers in that store, and a later call with the same input
+array object gets the leaked tracer back (`UnexpectedTracerError`), also in another
+thread. So every array a wrapped call hands to an object of a family that
+`caches_by_identity` is a fresh reference made for that call (`fresh`: a copy,
+compiled away under `jit`); no other call can hit its cache entries.
 
-**Private APIs relied upon** (each pinned by a test in `tests/test_families.py` that
-fails with a message naming it when the upstream library changes):
-
-- JAX: `jax._src.array.ArrayImpl(aval, sharding, arrays, committed=...,
-  _skip_checks=True)` with `Array._arrays` and `Array._committed`, to make a fresh
-  reference to a concrete array without copying it (about 2 µs). If it fails,
-  `jax.device_put(x, may_alias=False)` (public, but a copy) is used instead.
-- JAX: `jax._src.array.ArrayImpl` as the type of a concrete array (`CONCRETE`,
-  for `type(x) is CONCRETE` fast paths), named rather than found from
-  `type(jnp.zeros(()))`, which at import would start JAX's backend (after which
-  `jax.config` can no longer choose the devices). If it moved, that is used.
-- JAX: `jax.lax.copy_p` (exported, but a primitive rather than a documented
-  function) for fresh tracers; it compiles away (same HLO, tested).
-- numpyro: `numpyro.distributions.transforms._InverseTransform` (what `t.inv`
-  returns), refused as a class to wrap.
-- TFP: `tensorflow_probability.substrates.jax.internal.parameter_properties
-  .BIJECTOR_NOT_IMPLEMENTED`, to tell continuous parameters (cast to float when given as
-  integer arrays) from integer ones (`Permute.permutation`, `Binomial.total_count`).
-- TFP: the behaviour described above of the bijector cache (keyed by input identity); a
-  test checks that a fresh reference does not hit an entry made for the original.
-- distrax: `wrap_instance` reads a constructor argument `name` from the private
-  attribute `_name` (distrax stores most arguments so), else from `name`.
-  The rebuilt object is checked to have the same leaves as the original.
-- Equinox (in `_wrappers.py`): a `FixedDistrax` instance belongs to a subclass
-  created per set of array-argument names (`type(eqx.Module)(...)`), assigned with
-  `__class__` in `__init__` before any field is set; Equinox names key paths after
-  fields and reads them from `__dict__` (pinned). `eqx.tree_at` probes `where` with
-  leaves wrapped in the private `equinox._tree._LeafWrapper`, which is recognised to
-  explain why a static argument cannot be replaced (pinned in `test_wrappers.py`).
-  Printing uses the public wadler-lindig `__pdoc__` hook.
+**Private APIs relied upon** (each pinned by a test that fails naming it):
+TFP's `parameter_properties.BIJECTOR_NOT_IMPLEMENTED` (continuous parameters, cast to
+float when given as integer arrays); numpyro's `transforms._InverseTransform` (what
+`t.inv` returns), refused as a class to wrap.
 """
 
 from __future__ import annotations
@@ -58,11 +28,10 @@ import abc
 import functools
 import importlib
 import inspect
-import math
 import operator
 import sys
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import distrax
 import equinox as eqx
@@ -70,7 +39,6 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 from tensorflow_probability.substrates import jax as tfp
 
 
@@ -89,18 +57,9 @@ def require_numpyro() -> Any:
     **Raises:**
 
     `ImportError` naming the `eqxprob[numpyro]` extra if numpyro is not installed.
-
-    **Example:**
-
-    ```python
-    from eqxprob._families import require_numpyro
-
-    numpyro_distributions = require_numpyro()
-    assert hasattr(numpyro_distributions, "Normal")
-    ```
     """
     module = sys.modules.get("numpyro.distributions")
-    if module is not None:  # imported already: the common case, ~0.1 µs
+    if module is not None:
         return module
     try:
         return importlib.import_module("numpyro.distributions")
@@ -108,93 +67,10 @@ def require_numpyro() -> Any:
         raise ImportError(f"{NUMPYRO_HINT} ({e})") from e
 
 
-# --------------------------------------------------------------- fresh references
-
-
-def _concrete_type() -> type:
-    try:
-        from jax._src.array import ArrayImpl
-
-        return ArrayImpl
-    except ImportError:  # moved: ask JAX (this starts its backend)
-        return type(jnp.zeros(()))
-
-
-# The type of a concrete JAX array: `type(x) is CONCRETE` is the fast test the
-# eager paths use first (tracers and NumPy arrays are not).
-CONCRETE = _concrete_type()
-
-
-def _alias_private(x: jax.Array) -> jax.Array:
-    from jax._src.array import ArrayImpl
-
-    # `jax.Array` declares neither attribute; its implementation `ArrayImpl` does.
-    impl = cast(ArrayImpl, x)
-    return ArrayImpl(
-        x.aval, x.sharding, impl._arrays, committed=impl._committed, _skip_checks=True
-    )
-
-
-def _alias_public(x: jax.Array) -> jax.Array:
-    return jax.device_put(x, may_alias=False)
-
-
-def _check_alias(alias: Callable[[jax.Array], jax.Array]) -> bool:
-    try:
-        # (Concrete even when first used inside a trace, as it usually is.)
-        with jax.ensure_compile_time_eval():
-            x = jnp.arange(3.0)
-            y = alias(x)
-            same = bool((np.asarray(y) == np.asarray(x)).all())
-        return y is not x and type(y) is type(x) and same
-    except Exception:  # noqa: BLE001 - any failure means: use the public fallback
-        return False
-
-
-@functools.cache
-def _alias_is_private() -> bool:
-    """Whether the private path works (checked at the first use: at import it
-    would start JAX's backend, after which `jax.config` cannot pick devices)."""
-    return _check_alias(_alias_private)
-
-
-def _alias(x: jax.Array) -> jax.Array:
-    return _alias_private(x) if _alias_is_private() else _alias_public(x)
-
-
 def fresh(x: Any) -> Any:
-    """A new reference to the array `x`, equal in value; other objects unchanged.
-
-    A tracer gives `lax.copy_p` of it (a new tracer, compiled away), a concrete
-    `jax.Array` a new array object sharing its buffers; NumPy arrays and Python
-    scalars are returned as they are (TFP converts them into new arrays itself).
-
-    **Example:**
-
-    ```python
-    import jax.numpy as jnp
-    from eqxprob._families import fresh
-
-    x = jnp.arange(3.0)
-    y = fresh(x)
-    assert y is not x and (y == x).all()
-    ```
-    """
-    if isinstance(x, jax.core.Tracer):
-        return jax.lax.copy_p.bind(x)
-    if isinstance(x, jax.Array):
-        try:
-            return _alias(x)
-        except Exception:  # noqa: BLE001 - e.g. a typed PRNG key array
-            return _alias_public(x)
-    return x
-
-
-def fresh_tree(tree: Any) -> Any:
-    """`fresh` applied to every array leaf of `tree`."""
-    if isinstance(tree, jax.Array):
-        return fresh(tree)
-    return jtu.tree_map(fresh, tree)
+    """A new reference to each JAX array in `x` (equal values; a tracer's copy is
+    compiled away), for objects that cache by input identity."""
+    return jtu.tree_map(lambda a: jnp.array(a, copy=True) if eqx.is_array(a) else a, x)
 
 
 # ------------------------------------------------------------------------ adapters
@@ -288,45 +164,13 @@ class Family(abc.ABC):
     def check_built(self, obj: Any) -> None:  # noqa: B027 - a no-op by default
         """Force validation a class may do lazily."""
 
-    def unchecked(self, cls: type) -> dict[str, Any]:
-        """Keyword arguments that build `cls` without checking argument values,
-        for an object checked already: a nested wrapper, built again when its
-        parent is checked. None by default."""
-        return {}
-
-    def validated(self, obj: Any) -> bool:
-        """Whether building `obj` checked its arguments' values."""
-        return False
-
-    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
-        """Whether building `cls` may check argument *values*, not only shapes
-        and dtypes. When not, one successful build validates every later one
-        with the same static arguments, shapes and dtypes (`FixedDistrax`
-        caches that). Conservatively `True`."""
-        return True
-
-    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
-        """Whether building `cls` with these static arguments checks values now
-        (with the library's current settings) by a test `traced_checks` can make
-        under a trace. `False` by default: the build is checked eagerly."""
-        return False
-
-    def traced_checks(self, obj: Any) -> Any:
-        """For `obj` built from traced arrays (in `jax.jit`) of a class that
-        `checks_traced`: whether the value checks its library makes when
-        building it from concrete arrays pass, as a traced boolean vector (a
-        superset of them will do: a pass is then a pass, and a failure is
-        checked eagerly); or `None` if they cannot be made under a trace. One
-        compiled call then checks a build, where the library runs one eager op
-        per test. Must not depend on the library's settings, which may change
-        between the trace and a later call."""
-        return None
-
     # --- calling: the uniform method set
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(obj, method)(*args, **kwargs)
 
     def get(self, obj: Any, name: str) -> Any:
+        if name == "event_ndims_in":
+            return self.event_ndims_in(obj)
         value = getattr(obj, name)
         return _as_tuple(value) if name in ("batch_shape", "event_shape") else value
 
@@ -367,9 +211,6 @@ class _Distrax(Family):
         if isinstance(obj, distrax.Distribution):  # broadcasts lazily
             _ = (obj.batch_shape, obj.event_shape)
 
-    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
-        return False  # distrax constructors check shapes only
-
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         cls = type(obj)
         arguments = {}
@@ -408,15 +249,6 @@ class _TFP(Family):
 
     def qualname(self, cls: type) -> str:
         return f"{'tfb' if issubclass(cls, tfb.Bijector) else 'tfd'}.{cls.__name__}"
-
-    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
-        return bool(static.get("validate_args", False))  # TFP's assertions
-
-    def unchecked(self, cls: type) -> dict[str, Any]:
-        return _no_validation(self, cls)
-
-    def validated(self, obj: Any) -> bool:
-        return bool(getattr(obj, "validate_args", False))
 
     def prepare(self, cls: type, arguments: dict[str, Any]) -> dict[str, Any]:
         """Cast integer arrays given for continuous parameters to float.
@@ -471,12 +303,6 @@ def _continuous_parameters(cls: type) -> frozenset[str]:
     return frozenset(names)
 
 
-def _no_validation(family: Family, cls: type) -> dict[str, Any]:
-    """`validate_args=False`, for a class (TFP, numpyro) that takes it."""
-    parameters = family.signature(cls).parameters
-    return {"validate_args": False} if "validate_args" in parameters else {}
-
-
 # What distrax has and TFP lacks, written with TFP's own methods.
 _TFP_FALLBACKS: dict[str, Callable[..., Any]] = {
     "sample_and_log_prob": lambda d, *, seed, sample_shape=(): (
@@ -513,53 +339,6 @@ class _Numpyro(Family):
         if issubclass(cls, require_numpyro().transforms.DiscreteCosineTransform):
             return frozenset({"smooth"})  # `float(smooth)` when built
         return frozenset()
-
-    def checks_values(self, cls: type, static: dict[str, Any]) -> bool:
-        # Distributions validate their arguments unless told not to (numpyro's
-        # default is on); transforms never do.
-        return (
-            self.is_distribution_class(cls) and static.get("validate_args") is not False
-        )
-
-    def unchecked(self, cls: type) -> dict[str, Any]:
-        return _no_validation(self, cls)
-
-    def validated(self, obj: Any) -> bool:
-        # A distribution's `_validate_args`: its `validate_args` argument, or
-        # numpyro's global default (`numpyro.enable_validation`) when not given.
-        return self.is_distribution_class(type(obj)) and bool(obj._validate_args)
-
-    def checks_traced(self, cls: type, static: dict[str, Any]) -> bool:
-        # Validation on: the `validate_args` argument, else numpyro's global
-        # default (`numpyro.enable_validation`).
-        if not self.is_distribution_class(cls):
-            return False
-        validate = static.get("validate_args")
-        if validate is None:
-            validate = require_numpyro().Distribution._validate_args
-        return bool(validate)
-
-    def traced_checks(self, obj: Any) -> Any:
-        # numpyro checks values in `Distribution.validate_args`, called by
-        # `Distribution.__init__` and skipped for traced values: each argument
-        # `get_args` lists against its `arg_constraints` entry, dependent ones
-        # skipped. Made here for `obj` and every distribution it holds, as built
-        # by its `__init__` (`Wishart`'s `WishartCholesky`, `LKJCholesky`'s
-        # `Beta`...), whether or not its validation is on (read under the trace,
-        # that may be another thread's setting of the moment); `None` if one of
-        # them overrides `validate_args`.
-        nd = require_numpyro()
-        is_dependent = nd.constraints.is_dependent
-        checks = []
-        for d in _held_distributions(obj, nd.Distribution):
-            if type(d).validate_args is not nd.Distribution.validate_args:
-                return None
-            checks += [
-                jnp.all(d.arg_constraints[name](value))
-                for name, value in d.get_args().items()
-                if not is_dependent(d.arg_constraints[name])
-            ]
-        return jnp.stack(checks) if checks else jnp.ones((0,), bool)
 
     def abstract_reason(self, cls: type) -> str | None:
         nd = require_numpyro()
@@ -600,27 +379,6 @@ class _Numpyro(Family):
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(getattr(getattr(obj, "domain", None), "event_dim", None))
-
-
-def _held_distributions(obj: Any, base: type) -> list[Any]:
-    """`obj` and the distributions (instances of `base`) it holds, at any depth
-    of their attributes, lists, tuples and dicts; each once."""
-    found: dict[int, Any] = {}
-
-    def visit(x: Any) -> None:
-        if isinstance(x, base):
-            if id(x) in found:
-                return
-            found[id(x)] = x
-            x = list(vars(x).values())
-        if isinstance(x, dict):
-            x = list(x.values())
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                visit(y)
-
-    visit(obj)
-    return list(found.values())
 
 
 def _np_forward_ldj(t: Any, x: Any) -> Any:
@@ -703,38 +461,14 @@ def family_of_instance(x: Any) -> Family | None:
     return family_of(cls)
 
 
-# ---------------------------------------------------------------- public helpers
-
-
 def is_raw_distribution(x: Any) -> bool:
-    """Whether `x` is a distrax, TFP-JAX or numpyro distribution *instance*.
-
-    **Example:**
-
-    ```python
-    import distrax
-    from eqxprob._families import is_raw_distribution
-
-    assert is_raw_distribution(distrax.Normal(0.0, 1.0))
-    assert not is_raw_distribution(distrax.Normal)
-    ```
-    """
+    """Whether `x` is a distrax, TFP-JAX or numpyro distribution *instance*."""
     family = family_of_instance(x)
     return family is not None and family.is_distribution_class(type(x))
 
 
 def is_raw_bijector(x: Any) -> bool:
-    """Whether `x` is a distrax, TFP-JAX or numpyro bijector (transform) *instance*.
-
-    **Example:**
-
-    ```python
-    from tensorflow_probability.substrates import jax as tfp
-    from eqxprob._families import is_raw_bijector
-
-    assert is_raw_bijector(tfp.bijectors.Exp())
-    ```
-    """
+    """Whether `x` is a distrax, TFP-JAX or numpyro bijector *instance*."""
     family = family_of_instance(x)
     return family is not None and family.is_bijector_class(type(x))
 
@@ -743,165 +477,8 @@ def is_raw(x: Any) -> bool:
     return is_raw_distribution(x) or is_raw_bijector(x)
 
 
-def _leaves_match(a: Any, b: Any) -> bool:
-    """Whether two raw objects flatten to equal arrays (concrete ones by value)."""
-    try:
-        la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
-    except Exception:  # noqa: BLE001
-        return False
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if not all(map(_is_numeric, (x, y))):
-            if x is not y and x != y:
-                return False
-            continue
-        if jnp.shape(x) != jnp.shape(y) or jnp.result_type(x) != jnp.result_type(y):
-            return False
-        if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
-            continue
-        if not np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True):
-            return False
-    return True
-
-
-def _is_numeric(x: Any) -> bool:
-    return eqx.is_array(x) or type(x) in (int, float, bool, complex)
-
-
 def _as_int(value: Any) -> int | None:
     try:
         return operator.index(value)
     except TypeError:
         return None
-
-
-def wrap_instance(obj: Any) -> Any:
-    """Rebuild a raw distribution or bijector instance of any family as a
-    `FixedDistrax`.
-
-    TFP objects are rebuilt from their `.parameters`, numpyro and distrax ones from
-    the attributes that hold their constructor arguments; nested raw objects are
-    rebuilt recursively. A distrax or numpyro rebuild is checked to flatten to the
-    same arrays as the original.
-
-    **Arguments:**
-
-    - `obj`: a distrax, TFP-JAX or numpyro distribution or bijector instance (a
-      `FixedDistrax` is returned unchanged).
-
-    **Returns:**
-
-    An equivalent `FixedDistrax`.
-
-    **Raises:**
-
-    `TypeError` naming the class if `obj` is not such an instance, or if its
-    constructor arguments cannot be recovered faithfully: then wrap the class
-    yourself, `ep.FixedDistrax(distrax.X, ...)`.
-
-    **Example:**
-
-    ```python
-    import jax.numpy as jnp
-    from tensorflow_probability.substrates import jax as tfp
-    from eqxprob._families import wrap_instance
-
-    wrapped = wrap_instance(tfp.bijectors.Shift(jnp.array(2.0)))
-    assert wrapped.forward(1.0) == 3.0
-    ```
-    """
-    from ._wrappers import FixedDistrax
-
-    if isinstance(obj, FixedDistrax):
-        return obj
-    family = family_of_instance(obj)
-    cls = type(obj)
-    if family is None or not (
-        family.is_distribution_class(cls) or family.is_bijector_class(cls)
-    ):
-        raise TypeError(
-            f"wrap_instance expects a distrax, TFP-JAX or numpyro distribution or "
-            f"bijector instance, got {obj!r}."
-        )
-    how = (
-        f"Wrap it yourself: `ep.FixedDistrax({family.qualname(cls)}, ...)` with its "
-        "constructor arguments."
-    )
-    try:
-        arguments = family.arguments_of(obj)
-    except TypeError as e:
-        raise TypeError(
-            f"Cannot rebuild the raw {family.qualname(cls)} from its attributes "
-            f"({e}). {how}"
-        ) from None
-    arguments = jtu.tree_map(
-        lambda x: wrap_instance(x) if is_raw(x) else x, arguments, is_leaf=is_raw
-    )
-    try:
-        wrapped = FixedDistrax(cls, **arguments)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"Cannot rebuild the raw {family.qualname(cls)} from its attributes: "
-            f"{e}. {how}"
-        ) from None
-    if family is not TFP and not _leaves_match(wrapped.instantiate(), obj):
-        raise TypeError(
-            f"Cannot rebuild the raw {family.qualname(cls)} faithfully from its "
-            f"attributes (the rebuilt object holds different arrays). {how}"
-        )
-    return wrapped
-
-
-def event_ndims_in(bijector: Any) -> int | None:
-    """How many trailing dimensions a bijector's forward log-det consumes.
-
-    TFP's `forward_min_event_ndims`, distrax's `event_ndims_in`, numpyro's
-    `domain.event_dim`.
-
-    **Arguments:**
-
-    - `bijector`: a `FixedDistrax` bijector or a raw bijector of any family.
-
-    **Returns:**
-
-    An `int`, or `None` if unknown (e.g. a structured TFP bijector, or not a
-    bijector).
-
-    **Example:**
-
-    ```python
-    import distrax
-    from tensorflow_probability.substrates import jax as tfp
-    import eqxprob as ep
-    from eqxprob._families import event_ndims_in
-
-    assert event_ndims_in(tfp.bijectors.Exp()) == 0
-    assert event_ndims_in(ep.FixedDistrax(tfp.bijectors.FillScaleTriL)) == 1
-    assert event_ndims_in(distrax.Tanh()) == 0
-    ```
-    """
-    from ._wrappers import FixedDistrax
-
-    if isinstance(bijector, FixedDistrax):
-        if bijector.is_distribution:
-            return None
-        family, obj = bijector.family, bijector.instantiate()
-    else:
-        family = family_of_instance(bijector)
-        if family is None or not family.is_bijector_class(type(bijector)):
-            return None
-        obj = bijector
-    return family.event_ndims_in(obj)
-
-
-def float_key(value: Any) -> Any:
-    """A hashable key that tells apart what `==` confuses: `1`, `1.0`, `True`,
-    `0.0` and `-0.0`; NaN equals NaN."""
-    if type(value) is float:
-        return (float, value.hex() if not math.isnan(value) else "nan")
-    if type(value) in (tuple, list):
-        return (type(value), tuple(map(float_key, value)))
-    if type(value) is dict:
-        return (dict, tuple((k, float_key(v)) for k, v in value.items()))
-    return (type(value), value)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import equinox as eqx
@@ -29,7 +29,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, Float, PyTree
 
-from . import _constraint, _errors, _families, _parameter, _support, _transforms
+from . import _constraint, _errors, _parameter, _support, _transforms
 from ._constraint import Constraint
 from ._where import WhereDict, where_labels, where_paths
 from ._wrappers import FixedDistrax
@@ -305,39 +305,12 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
     )
 
 
-# treedef -> (paths, field specs) of its leaves. Specs are fixed by the structure
-# (a spec is its class's field metadata), and so are paths, but for dict keys that
-# compare equal across types (`1`, `1.0`, `True`): those paths are not kept. A
-# model of a structure seen before is then flattened without key paths, ~1.2 µs
-# a leaf less. Emptied when full.
-_STRUCTURES: dict = {}
-_STRUCTURES_SIZE = 256
-
-
 def _structure(model: Any) -> tuple[list, Any, list, list]:
     """`(items, treedef, paths, specs)`: one flatten, parameter nodes as items."""
-    items, treedef = jtu.tree_flatten(model, is_leaf=_parameter.is_node)
-    try:
-        known, cacheable = _STRUCTURES.get(treedef), True
-    except Exception:  # noqa: BLE001 - static data that cannot be hashed/compared
-        known, cacheable = None, False
-    if known is not None and known[0] is not None:
-        return items, treedef, known[0], known[1]
-    pairs, _ = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+    pairs, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
     paths = [path for path, _ in pairs]
-    specs = known[1] if known is not None else _metadata_specs(model, paths)
-    if known is None and cacheable:
-        if len(_STRUCTURES) >= _STRUCTURES_SIZE:
-            _STRUCTURES.clear()
-        _STRUCTURES[treedef] = (paths if _exact(paths) else None, specs)
-    return items, treedef, paths, specs
-
-
-def _exact(paths: list) -> bool:
-    """Whether equal treedefs give these paths: no dict key but strings."""
-    return all(
-        type(k) is not jtu.DictKey or type(k.key) is str for path in paths for k in path
-    )
+    items = [item for _, item in pairs]
+    return items, treedef, paths, _metadata_specs(model, paths)
 
 
 def entries(model: Any, overrides: Any) -> tuple[list, Any]:
@@ -346,7 +319,6 @@ def entries(model: Any, overrides: Any) -> tuple[list, Any]:
     items, treedef, paths, specs = _structure(model)
     found = _override_specs(model, overrides)
     if found:
-        specs = list(specs)  # the cached list is shared
         for prefix, spec in found:
             n = len(prefix)
             for i, path in enumerate(paths):
@@ -355,111 +327,15 @@ def entries(model: Any, overrides: Any) -> tuple[list, Any]:
     return list(zip(paths, specs, items)), treedef
 
 
-def _map(
-    model: Any,
-    overrides: Any,
-    fn: Callable,
-    inside: Callable,
-    batch: Callable | None = None,
-) -> PyTree:
-    """`fn(label, spec, leaf)` at every leaf, `inside(node)` at every parameter
-    node (as a tree of the node's structure), rebuilt with `model`'s structure.
-
-    With `batch(labels, spec, leaves) -> results`, concrete leaves that share an
-    elementwise built-in transform and constraint go through it together, in one
-    compiled call rather than one per leaf (the results must equal `fn`'s). Its
-    `labels` are computed only when read (they name a parameter in an error)."""
+def _map(model: Any, overrides: Any, fn: Callable, inside: Callable) -> PyTree:
+    """`fn(label, spec, leaf)` at every leaf, `inside(label, spec, node)` at every
+    parameter node, rebuilt with `model`'s structure."""
     items, treedef = entries(model, overrides)
-    out: list[Any] = [None] * len(items)
-    groups: dict[int, list] = {}
-    # Per call: (id(spec), kind of leaf) -> the number of its batch (or None); the
-    # batch keys hold transforms, slow to hash, so each is hashed once.
-    seen: dict[tuple, Any] = {}
-    numbers: dict[Any, int] = {}
-    for i, (path, spec, item) in enumerate(items):
-        if _parameter.is_node(item):
-            out[i] = inside(label_of(path), spec, item)
-            continue
-        group: Any = None
-        if (
-            batch is not None
-            and spec is not None
-            and (
-                0 not in item.shape  # (an array's `size` is a Python product)
-                if type(item) is _families.CONCRETE
-                else getattr(item, "size", 1)
-            )
-        ):
-            kind = (id(spec), type(item), getattr(item, "dtype", None))
-            group = seen.get(kind, _UNSEEN)
-            if group is _UNSEEN:
-                key = _group(label_of(path), spec, item)
-                group = None if key is None else numbers.setdefault(key, len(numbers))
-                seen[kind] = group
-        if group is None:  # an unannotated leaf's label is never shown: not made
-            out[i] = fn("" if spec is None else label_of(path), spec, item)
-        else:
-            groups.setdefault(group, []).append((i, path, spec, item))
-    for members in groups.values():  # only formed with a `batch`
-        assert batch is not None
-        if len(members) == 1:
-            i, path, spec, item = members[0]
-            out[i] = fn(label_of(path), spec, item)
-            continue
-        labels = _Labels([path for _, path, _, _ in members])
-        results = batch(labels, members[0][2], [item for *_, item in members])
-        for (i, *_), result in zip(members, results):
-            out[i] = result
+    out = [
+        (inside if _parameter.is_node(item) else fn)(label_of(path), spec, item)
+        for path, spec, item in items
+    ]
     return jtu.tree_unflatten(treedef, out)
-
-
-_UNSEEN = object()
-
-
-class _Labels(Sequence):
-    """The labels of some paths (or with `named`, "Parameter `label`"), each
-    computed when read: only an error message needs them."""
-
-    def __init__(self, paths: list, named: bool = False) -> None:
-        self._paths, self._named = paths, named
-
-    def names(self) -> _Labels:
-        return _Labels(self._paths, named=True)
-
-    def __len__(self) -> int:
-        return len(self._paths)
-
-    def _one(self, path: tuple) -> str:
-        return _named(label_of(path)) if self._named else label_of(path)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self._one(path) for path in self._paths[i]]
-        return self._one(self._paths[i])
-
-
-def _group(label: str, spec: ParamSpec | None, leaf: Any) -> Any:
-    """The batch a leaf can join (same transform, constraint, trainability and
-    dtype), or `None`. It depends only on the spec, the leaf's type and dtype
-    (`_map` memoises it); `_map` keeps empty leaves out."""
-    if not is_parameter_leaf(spec, label, leaf) or spec.probe:
-        return None
-    if not isinstance(leaf, (jax.Array, np.ndarray)) or _errors.is_traced(leaf):
-        return None
-    which = _parameter.sharing(spec.transform())  # the spec caches its transform
-    if which is None:
-        return None
-    constraint = spec.constraint
-    if constraint is not None and (
-        constraint.event_ndim or not _errors.scalar_leaves(constraint)
-    ):
-        return None  # array bounds broadcast against each leaf's own shape
-    key = (which, constraint, spec.is_trainable, leaf.dtype)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _named(label: str) -> str:
@@ -669,12 +545,7 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
         _check_node(label, spec, x)
         return x
 
-    def batch(labels: _Labels, spec: ParamSpec, leaves: list) -> list:
-        return _parameter.to_unconstrained_many(
-            leaves, spec.transform(), spec.constraint, labels.names()
-        )
-
-    return _map(model, overrides, leaf, node, batch)
+    return _map(model, overrides, leaf, node)
 
 
 def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
@@ -713,10 +584,7 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
             _parameter.probe_range(transform, u, spec.constraint, _named(label))
         return _errors.as_float(_transforms.forward(transform, u), label)
 
-    def batch(labels: _Labels, spec: ParamSpec, leaves: list) -> list:
-        return _parameter.forward_many(spec.transform(), leaves)
-
-    return _map(raw_model, overrides, leaf, lambda label, spec, node: node, batch)
+    return _map(raw_model, overrides, leaf, lambda label, spec, node: node)
 
 
 def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
@@ -780,15 +648,7 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
             return _parameter.frozen(x)
         return x
 
-    def batch(labels: _Labels, spec: ParamSpec, leaves: list) -> list:
-        transform = spec.transform()
-        params = _parameter.to_unconstrained_many(
-            leaves, transform, spec.constraint, labels.names()
-        )
-        nodes = [_parameter.Bijector._unchecked(p, transform) for p in params]
-        return nodes if spec.is_trainable else [_parameter.frozen(n) for n in nodes]
-
-    return _map(model, overrides, leaf, node, batch)
+    return _map(model, overrides, leaf, node)
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
@@ -805,9 +665,8 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     support scores `-inf` (not NaN, not the density's formula continued). Each
     parameter is scored in its own dtype (a float32 prior's arrays are cast for a
     float64 parameter, and back), and the terms are summed in the widest of their
-    dtypes, at least float32. Eagerly, parameters sharing a prior (and a shape)
-    are scored in one compiled call. This is
-    a density over the *constrained* values. For a density over the unconstrained
+    dtypes, at least float32. This is a density over the *constrained* values.
+    For a density over the unconstrained
     parameters that an optimiser or sampler actually moves, add the
     log-determinant of the Jacobian of the transform:
 
@@ -849,29 +708,10 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
         for path, spec, item in entries(model, overrides)[0]
         if spec is not None and spec.prior is not None
     ]
-    # Nodes are scored at their values: all resolved in one call (batched).
-    values = _parameter.resolve([item for *_, item in scored])
-    terms = []
-    wrapped: dict[int, Any] = {}  # id(prior) -> a batchable FixedDistrax or None
-    groups: dict[tuple, list] = {}
-    for (path, prior, _), value in zip(scored, values):
-        key = None
-        if _concrete_float(value):
-            if id(prior) not in wrapped:
-                wrapped[id(prior)] = _batchable(prior)
-            if wrapped[id(prior)] is not None:
-                key = (id(prior), value.shape, value.dtype)
-        if key is None:
-            terms.append(score_prior(label_of(path), prior, value))
-        else:
-            groups.setdefault(key, []).append((path, value))
-    for (prior_id, _, _), members in groups.items():
-        prior = wrapped[prior_id]
-        if len(members) == 1:
-            terms.append(score_prior(label_of(members[0][0]), prior, members[0][1]))
-            continue
-        _check_fit(label_of(members[0][0]), prior, members[0][1])
-        terms.append(_score_many(prior, [value for _, value in members]))
+    terms = [
+        score_prior(label_of(path), prior, _parameter.resolve(item))
+        for path, prior, item in scored
+    ]
     if not terms:
         return jnp.zeros(())
     # Summed in the widest dtype among the terms (no implicit promotion).
@@ -882,44 +722,17 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     return total
 
 
-def _batchable(prior: Any) -> Any:
-    """`prior` as a `FixedDistrax` (a pytree), so that values sharing it can be
-    scored in one compiled call; `None` if it cannot be wrapped. Raw priors are
-    wrapped once each (`_WRAPPED`, keyed by identity: specs hold them for good)."""
-    if isinstance(prior, FixedDistrax):
-        return prior
-    seen = _WRAPPED.get(id(prior))
-    if seen is not None and seen[0] is prior:
-        return seen[1]
-    wrapped = None
-    if _families.is_raw_distribution(prior):
-        try:
-            wrapped = _families.wrap_instance(prior)
-        except TypeError:
-            pass
-    if len(_WRAPPED) >= 1024:  # simply emptied when full
-        _WRAPPED.clear()
-    _WRAPPED[id(prior)] = (prior, wrapped)
-    return wrapped
-
-
-_WRAPPED: dict[int, tuple[Any, Any]] = {}
-
-
-def _concrete_float(x: Any) -> bool:
-    return eqx.is_inexact_array(x) and not _errors.is_traced(x)
-
-
 def in_dtype(prior: Any, dtype: Any) -> Any:
     """`prior` with its float arrays in `dtype`, so a parameter is scored in its
     own precision: a float32 prior (say built at import, before x64 was enabled)
     never silently promotes a float64 parameter's log-density, nor a float64
-    prior a float32 one. A raw prior that needs a cast is wrapped (`_batchable`)
-    first; one that cannot be wrapped is returned unchanged."""
+    prior a float32 one. A raw prior that needs a cast is wrapped first; one that
+    cannot be wrapped is returned unchanged."""
     if all(map(_fits(dtype), jtu.tree_leaves(prior))):
         return prior
-    wrapped = _batchable(prior)
-    if wrapped is None:
+    try:
+        wrapped = FixedDistrax.from_instance(prior)
+    except TypeError:
         return prior
     return jtu.tree_map(lambda x: x if _fits(dtype)(x) else x.astype(dtype), wrapped)
 
@@ -933,21 +746,6 @@ def _fits(dtype: Any) -> Callable[[Any], bool]:
             and x.dtype != dtype
         )
     )
-
-
-@eqx.filter_jit
-def _score_many(prior: Any, values: list) -> Array:
-    prior = in_dtype(prior, values[0].dtype)
-    stacked = jnp.stack(values)  # (n, *shape): the prior broadcasts over n
-    return _sum_in_support(prior.log_prob(stacked), _support.in_support(prior, stacked))
-
-
-def _check_fit(label: str, prior: Any, value: Any) -> None:
-    """`score_prior`'s shape checks, on shapes only (no values computed)."""
-    if _shape(prior.batch_shape) == () == _shape(prior.event_shape):
-        return  # a scalar prior fits every shape
-    shaped = jax.ShapeDtypeStruct(jnp.shape(value), value.dtype)
-    jax.eval_shape(lambda p, v: score_prior(label, p, v), prior, shaped)
 
 
 def score_prior(label: str, prior: Any, value: Any) -> Array:

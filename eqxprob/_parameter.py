@@ -13,9 +13,6 @@ shortcuts (`positive`, `bounded`, ...), `Bijector.from_value` and the registry
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -26,8 +23,9 @@ import numpy as np
 import wadler_lindig as wl
 from jaxtyping import Array, ArrayLike, Float, PyTree, Real
 
-from . import _constraint, _errors, _families, _transforms
+from . import _constraint, _errors, _node, _transforms
 from ._constraint import Constraint
+from ._node import Node, is_node
 
 
 # ---------------------------------------------------------------- the one path
@@ -60,10 +58,7 @@ def to_unconstrained(
         value = _constraint.validate(constraint, value, name)
     if not _transforms.has_inverse(transform):
         _transforms.inverse(transform, value, name)  # raises the TypeError
-    traced = _errors.is_traced(value)
-    param, back, near = (_round_trip if traced else _round_trip_jit)(
-        transform, value, probe
-    )
+    param, back, near = eqx.filter_jit(_round_trip)(transform, value, probe)
     p = _errors.host(param)
     bad = ~(abs(p) < np.inf)
     if param.shape != value.shape:  # entries do not correspond: flag it all
@@ -110,68 +105,6 @@ def to_unconstrained(
     return param
 
 
-def to_unconstrained_many(
-    values: list, transform: Any, constraint: Constraint | None, names: Sequence[str]
-) -> list[Array]:
-    """`to_unconstrained` of many concrete values sharing one elementwise
-    transform, constraint and dtype, in one compiled call (the eager registry's
-    fast path). The checks are the same; when one fails, the values are redone one
-    at a time, which raises the usual error naming the first bad one. `names` is
-    read only then. Float JAX arrays go in as they are (a weak type is dropped
-    inside the compiled call); anything else through `as_float` first."""
-    values = [
-        v
-        if isinstance(v, jax.Array) and is_kind(v.dtype, jnp.floating)
-        else _errors.as_float(v, names[i])
-        for i, v in enumerate(values)
-    ]
-    ok, params = _inverse_many(transform, constraint, values)
-    if not bool(ok):
-        return [
-            to_unconstrained(v, transform, constraint, names[i])
-            for i, v in enumerate(values)
-        ]
-    return params
-
-
-# `jax.jit`, not `eqx.filter_jit`: its C++ dispatch is faster for many arguments.
-# The transform is a pytree (its bounds traced), the constraint static (hashable).
-@functools.partial(jax.jit, static_argnums=1)
-def _inverse_many(transform: Any, constraint: Any, values: list) -> tuple:
-    dtype = values[0].dtype  # one dtype per batch; any weak type is dropped
-    flat = jnp.concatenate([jnp.ravel(v).astype(dtype) for v in values])
-    ok = jnp.isfinite(flat) if constraint is None else constraint.check(flat)
-    param = _transforms.inverse(transform, flat, "")
-    back = _transforms.forward(transform, param)
-    ok = ok & jnp.isfinite(param)
-    if constraint is not None:
-        ok = ok & constraint.check(back)
-    missed = _transforms.round_trip_error(transform, flat, back)
-    if missed is not None:
-        ok = ok & ~missed
-    return jnp.all(ok), _split_like(param, values)
-
-
-def _split_like(flat: Array, values: list) -> list[Array]:
-    ends = np.cumsum([np.size(v) for v in values])[:-1]
-    return [p.reshape(np.shape(v)) for p, v in zip(jnp.split(flat, ends), values)]
-
-
-def forward_many(transform: Any, values: list, weak: bool = False) -> list[Array]:
-    """`transform.forward` of many arrays of one dtype at once (one compiled
-    call). The results are weakly typed only with `weak=True` (when all inputs
-    are)."""
-    return _forward_many(transform, values, weak)
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _forward_many(transform: Any, values: list, weak: bool) -> list[Array]:
-    flat = jnp.concatenate([jnp.ravel(v) for v in values])
-    if not weak:
-        flat = flat.astype(values[0].dtype)  # drops a weak type
-    return _split_like(_transforms.forward(transform, flat), values)
-
-
 def probe_range(
     transform: Any, param: Array, constraint: Constraint, name: str
 ) -> None:
@@ -208,20 +141,19 @@ def _near(transform: Any, param: Array) -> Array:
 
 
 def _round_trip(transform: Any, value: Array, probe: bool) -> tuple:
+    # Always compiled (`to_unconstrained` wraps it in `eqx.filter_jit`), so an
+    # eager parameter equals the one made under `jit` bit for bit: op-by-op XLA
+    # rounds differently near the dtype's smallest normal number.
     param = _transforms.inverse(transform, value, "")
     back = _transforms.forward(transform, param)
     near = _near(transform, param) if probe else None
     return param, back, near
 
 
-# One compilation per transform and shape, rather than one per operation.
-_round_trip_jit = eqx.filter_jit(_round_trip)
-
-
 # ---------------------------------------------------------------------- nodes
 
 
-class Bijector(eqx.Module):
+class Bijector(Node):
     """A constrained parameter: an unconstrained array and a transform.
 
     `ep.resolve` replaces the node by `transform(param)` (the bijector's `forward`
@@ -321,14 +253,8 @@ class Bijector(eqx.Module):
         """
         return _from_value(value, transform, constraint, "Bijector.from_value")
 
-    @classmethod
-    def _unchecked(cls, param: Any, transform: Any) -> Bijector:
-        """A node from a parameter already checked and a transform already
-        stored (`as_transform`): the registry's fast path."""
-        node = object.__new__(cls)
-        object.__setattr__(node, "param", param)
-        object.__setattr__(node, "transform", transform)
-        return node
+    def unwrap(self) -> Any:
+        return _transforms.forward(resolve(self.transform), resolve(self.param))
 
     def __jax_array__(self):
         raise TypeError(_UNRESOLVED)
@@ -394,7 +320,7 @@ def _from_value(value: Any, transform: Any, constraint: Any, name: str) -> Bijec
     return Bijector(param, transform)
 
 
-class Frozen(eqx.Module):
+class Frozen(Node):
     """A value that is not trained: it resolves with `jax.lax.stop_gradient`.
 
     `ep.resolve` replaces the node by its (resolved) value with gradients stopped;
@@ -420,6 +346,10 @@ class Frozen(eqx.Module):
     """
 
     value: Any
+
+    def unwrap(self) -> Any:
+        stop = lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x  # noqa: E731
+        return jtu.tree_map(stop, resolve(self.value))
 
 
 def frozen(value: Any) -> Frozen:
@@ -454,52 +384,6 @@ def is_bijector(x: Any) -> bool:
     return isinstance(x, Bijector)
 
 
-def is_node(x: Any) -> bool:
-    """A `Bijector` or `Frozen` node: where metadata and traversals stop."""
-    # Arrays first: an `isinstance` against Module classes goes through `abc`.
-    return type(x) is not _ARRAY and isinstance(x, (Bijector, Frozen))
-
-
-def _paramax() -> Any:
-    """paramax, if the user has imported it (GPJax 1.0 does): its wrappers
-    (`paramax.AbstractUnwrappable`) resolve with `paramax.unwrap`, and its
-    `NonTrainable` counts as frozen. Public paramax API only."""
-    return sys.modules.get("paramax")
-
-
-def _is_paramax(x: Any) -> bool:
-    paramax = _paramax()
-    return paramax is not None and isinstance(x, paramax.AbstractUnwrappable)
-
-
-def _is_resolvable(x: Any) -> bool:
-    return is_node(x) or _is_paramax(x)
-
-
-def _stop_gradient(x: Any) -> Any:
-    return jax.lax.stop_gradient(x) if eqx.is_array(x) else x
-
-
-def _resolve_node(x: Any) -> Any:
-    if _is_paramax(x):  # our nodes inside it first, then paramax's own unwrap
-        inner = jtu.tree_map(
-            _resolve_node, x, is_leaf=lambda y: y is not x and _is_resolvable(y)
-        )
-        return _paramax().unwrap(inner)
-    if isinstance(x, Bijector):
-        return _transforms.forward(_resolve_inner(x.transform), _resolve_inner(x.param))
-    if isinstance(x, Frozen):
-        return jtu.tree_map(_stop_gradient, resolve(x.value))
-    return x
-
-
-def _resolve_inner(tree: Any) -> Any:
-    # A fast path for trees that cannot hold nodes; `resolve` is traced per node.
-    if eqx.is_array(tree) or isinstance(tree, _transforms.NODE_FREE):
-        return tree
-    return resolve(tree)
-
-
 def resolve(tree: PyTree) -> PyTree:
     """Replace every `Bijector` and `Frozen` node in `tree` by its value.
 
@@ -529,93 +413,7 @@ def resolve(tree: PyTree) -> PyTree:
     assert jnp.allclose(values["scale"], 2.0) and values["shift"] == 1.0
     ```
     """
-    paramax = _paramax()
-    stops = (Bijector, Frozen)
-    if paramax is not None:
-        stops += (paramax.AbstractUnwrappable,)
-    leaves, treedef = jtu.tree_flatten(tree, is_leaf=_stop(stops))
-    out: list[Any] = [None] * len(leaves)
-    groups: dict[Any, list[int]] = {}
-    shared: dict[int, Any] = {}  # id(transform) -> how it is shared, per call
-    for i, x in enumerate(leaves):
-        if type(x) is _ARRAY:  # the common case: nothing to resolve
-            out[i] = x
-            continue
-        key = _batch_key(x, shared) if type(x) is Bijector else None
-        if key is None:
-            out[i] = _resolve_node(x)
-        else:
-            groups.setdefault(key, []).append(i)
-    for members in groups.values():  # eager nodes sharing a transform: one call
-        if len(members) == 1:
-            out[members[0]] = _resolve_node(leaves[members[0]])
-            continue
-        transform = leaves[members[0]].transform
-        # (From each node's `__dict__`: Equinox's attribute access is slower.)
-        params = [
-            object.__getattribute__(leaves[i], "__dict__")["param"] for i in members
-        ]
-        values = forward_many(transform, params, weak=params[0].weak_type)
-        for i, value in zip(members, values):
-            out[i] = value
-    return jtu.tree_unflatten(treedef, out)
-
-
-def _batch_key(node: Bijector, shared: dict[int, Any]) -> Any:
-    """For an eager `Bijector` whose elementwise built-in transform can map many
-    parameters in one compiled call: what they must share. Else `None`.
-    `shared` (per call) maps `id(transform)` to a small number, and each
-    distinct transform value to it, so that no transform is hashed twice."""
-    fields = object.__getattribute__(node, "__dict__")  # Module attributes are slow
-    param, transform = fields["param"], fields["transform"]
-    if (
-        type(param) is not _ARRAY
-        or 0 in param.shape
-        or not is_kind(param.dtype, jnp.floating)
-    ):
-        return None
-    number = shared.get(id(transform), _UNSEEN)
-    if number is _UNSEEN:
-        which = sharing(transform)
-        number = None if which is None else shared.setdefault(which, len(shared))
-        shared[id(transform)] = number
-    # A weak type is kept, as the per-node path (and `jit`) keep it.
-    return None if number is None else (number, param.dtype, param.weak_type)
-
-
-def sharing(transform: Any) -> Any:
-    """How parameters can share `transform` in one batched call (`resolve`, and
-    the registry's `_metadata._group`): by value without arrays (the transform
-    itself), by identity with them (scalar bounds), `None` if not at all. The
-    identity is safe: the caller holds the transform for the call (a node holds
-    it, a `ParamSpec` caches it); one with traced bounds is never shared."""
-    if not _transforms.batchable(transform):
-        return None
-    leaves = jtu.tree_leaves(transform)
-    if any(map(_errors.is_traced, leaves)):
-        return None
-    return ("id", id(transform)) if leaves else transform
-
-
-_UNSEEN = object()
-
-
-_ARRAY = _families.CONCRETE  # concrete arrays only: tracers are not batched
-_KINDS: dict[tuple[Any, Any], bool] = {}  # (dtype, kind) -> issubdtype
-
-
-def is_kind(dtype: Any, kind: Any) -> bool:
-    """`jnp.issubdtype(dtype, kind)`, memoised: ~0.5 µs a call otherwise, paid
-    per leaf by `resolve`, `trainable`, `partition` and the registry. (A few
-    dtypes and kinds per process: the memo stays small.)"""
-    try:
-        return _KINDS[dtype, kind]
-    except KeyError:
-        found = _KINDS[dtype, kind] = bool(jnp.issubdtype(dtype, kind))
-        return found
-
-
-resolve_all_bijectors = resolve
+    return _node.resolve(tree)
 
 
 def trainable(tree: PyTree) -> PyTree[bool]:
@@ -628,7 +426,7 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     of `tree`, so `eqx.partition(tree, ep.trainable(tree))` splits off exactly the
     trained part: gradients, optimiser state and weight decay never reach the
     rest. (`eqx.is_inexact_array` would let weight decay move frozen values.)
-    `ep.partition(tree)` is the same split in one faster call.
+    `ep.partition(tree)` is the same split in one call.
 
     Every other float array is trained, including the arrays of a `FixedDistrax`
     stored in the model (say a prior's `loc` and `scale`): wrap such objects in
@@ -655,16 +453,13 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     assert params["noise"].value is None
     ```
     """
-    return _trainable(tree, True)
+    return _mask(tree, True)
 
 
 def partition(tree: PyTree) -> tuple[PyTree, PyTree]:
-    """`eqx.partition(tree, ep.trainable(tree))`, in one pass over `tree`.
+    """`eqx.partition(tree, ep.trainable(tree))`: the trained part and the rest.
 
-    The same two halves, built without the intermediate tree of bools: on a model
-    of plain arrays about half the time of `eqx.partition(tree,
-    eqx.is_inexact_array)` (see `benchmarks/registry_scaling.py`), where the
-    two-step form takes about twice as long. Recombine with `eqx.combine`.
+    Recombine with `eqx.combine`.
 
     **Arguments:**
 
@@ -688,71 +483,26 @@ def partition(tree: PyTree) -> tuple[PyTree, PyTree]:
     assert eqx.tree_equal(eqx.combine(params, static), model)
     ```
     """
-    frozen, stops = _stops()
-    spec = _spec(True, frozen)
-    chunks, treedef = jtu.tree_flatten(tree, is_leaf=_stop(stops))
-    flags: list[bool] = []
-    nodes = False
-    for x in chunks:
-        if type(x) is _ARRAY:  # the common case first
-            flags.append(is_kind(x.dtype, jnp.inexact))
-        elif isinstance(x, stops):
-            flags += jtu.tree_leaves(spec(x))
-            nodes = True
-        else:
-            flags.append(eqx.is_inexact_array(x))
-    leaves = chunks
-    if nodes:  # the flags are per leaf, inside the nodes too
-        leaves, treedef = jtu.tree_flatten(tree)
-    return (
-        treedef.unflatten([x if f else None for x, f in zip(leaves, flags)]),
-        treedef.unflatten([None if f else x for x, f in zip(leaves, flags)]),
-    )
+    return eqx.partition(tree, trainable(tree))
 
 
-def _stops() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    """The frozen node types, and every type `trainable` stops at."""
-    paramax = _paramax()
-    frozen = (Frozen,) if paramax is None else (Frozen, paramax.NonTrainable)
-    return frozen, (Bijector, *frozen)
-
-
-def _spec(default: bool, frozen: tuple[type, ...]) -> Callable[[Any], Any]:
-    """`trainable`'s mask of one leaf or stop node (`default` at float leaves)."""
-    transforms: dict[int, Any] = {}  # id(transform) -> its spec, per call
+def _mask(tree: PyTree, default: bool) -> PyTree[bool]:
+    """`trainable`'s mask, `default` at float leaves outside any node."""
+    module = _node.paramax()
+    frozen = (Frozen,) if module is None else (Frozen, module.NonTrainable)
 
     def spec(x: Any) -> Any:
-        if type(x) is _ARRAY:  # the common cases first
-            return default and is_kind(x.dtype, jnp.inexact)
-        if type(x) is not Bijector and isinstance(x, frozen):
+        if isinstance(x, Bijector):  # the param trains, the transform's arrays not
+            masks = jtu.tree_leaves(_mask(x.param, True))
+            masks += jtu.tree_leaves(_mask(x.transform, False))
+            return jtu.tree_unflatten(jtu.tree_structure(x), masks)
+        if isinstance(x, frozen):
             return jtu.tree_map(lambda _: False, x)
-        if isinstance(x, Bijector):
-            fields = object.__getattribute__(x, "__dict__")  # (Module attributes
-            param, transform = fields["param"], fields["transform"]  # are slow)
-            if type(param) is _ARRAY:
-                pspec = is_kind(param.dtype, jnp.inexact)
-            elif eqx.is_array(param):
-                pspec = eqx.is_inexact_array(param)
-            else:
-                pspec = _trainable(param, True)
-            tspec = transforms.get(id(transform))
-            if tspec is None:  # nodes often share one transform
-                tspec = transforms[id(transform)] = _trainable(transform, False)
-            return Bijector._unchecked(pspec, tspec)
         return default and eqx.is_inexact_array(x)
 
-    return spec
-
-
-def _stop(stops: tuple[type, ...]) -> Callable[[Any], bool]:
-    """`is_leaf` for `stops` (arrays first: `isinstance` of a Module class goes
-    through `abc`)."""
-    return lambda x: type(x) is not _ARRAY and isinstance(x, stops)
-
-
-def _trainable(tree: PyTree, default: bool) -> PyTree[bool]:
-    frozen, stops = _stops()
-    return jtu.tree_map(_spec(default, frozen), tree, is_leaf=_stop(stops))
+    return jtu.tree_map(
+        spec, tree, is_leaf=lambda x: isinstance(x, (Bijector, *frozen))
+    )
 
 
 def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:

@@ -4,7 +4,7 @@ Every place that applies a bijector (`ep.Bijector`, `ep.resolve`, the shortcuts,
 `ep.unconstrain`/`constrain`/`parameterize`/`log_prior`, `ep.log_det_jacobian`)
 goes through `as_transform` (storage), `forward`, `inverse` and `log_det` here. They
 accept a `FixedDistrax` bijector, a raw distrax/TFP/numpyro bijector (rebuilt as a
-wrapper by `_families.wrap_instance`), a plain callable (forward only) and whatever
+wrapper by `FixedDistrax.from_instance`), a plain callable (forward only) and whatever
 a registered factory returns.
 
 The built-in bijectors are small `eqx.Module`s rather than `FixedDistrax(tfb.X)`:
@@ -35,7 +35,7 @@ import numpy as np
 from jaxtyping import Array
 
 from . import _errors, _families
-from ._wrappers import FixedDistrax, tfb
+from ._wrappers import FixedDistrax, tfb, wrap_instance
 
 
 # ------------------------------------------------------------ built-in bijectors
@@ -378,20 +378,6 @@ class Static(eqx.Module):
         return describe(self.held.value)
 
 
-# Transforms that cannot hold `Bijector` or `Frozen` nodes (a `FixedDistrax` can).
-NODE_FREE = (*BUILT_INS, Static)
-
-
-def batchable(transform: Any) -> bool:
-    """Whether `transform` maps many arrays at once as one concatenated vector:
-    a built-in acting elementwise whose arrays (bounds) are scalars."""
-    return (
-        isinstance(transform, BUILT_INS)
-        and not transform.event_ndim
-        and _errors.scalar_leaves(transform)
-    )
-
-
 def _distrax_key(bijector: distrax.Bijector) -> Any:
     """Class and attributes, recursively; `None` if it holds arrays."""
 
@@ -436,7 +422,7 @@ def as_transform(transform: Any, owner: str) -> Any:
             return Static(_Held(transform, key))
     if _families.is_raw_bijector(transform):
         try:
-            return _families.wrap_instance(transform)  # TFP, numpyro, distrax
+            return wrap_instance(transform)  # TFP, numpyro, distrax
         except TypeError as e:
             raise TypeError(f"{owner}: {e}") from None
     if isinstance(transform, (distrax.Distribution, jax.Array, np.ndarray)) or not (
@@ -510,8 +496,8 @@ def event_ndim(transform: Any) -> int | None:
     held = _held(transform)
     if isinstance(held, BUILT_INS):
         return held.event_ndim
-    if isinstance(held, FixedDistrax) or _families.is_raw_bijector(held):
-        return _families.event_ndims_in(held)
+    if isinstance(held, (FixedDistrax, distrax.Bijector)):
+        return held.event_ndims_in
     return None
 
 
@@ -577,7 +563,7 @@ def describe(transform: Any) -> str:
     if isinstance(held, BUILT_INS):
         return held.name
     if isinstance(held, FixedDistrax):
-        return held.family.qualname(held.cls)
+        return _families.family_of(held.cls).qualname(held.cls)  # pyright: ignore[reportOptionalMemberAccess]
     if isinstance(held, distrax.Bijector):
         return f"distrax.{type(held).__name__}()"
     return getattr(held, "__qualname__", None) or repr(held)

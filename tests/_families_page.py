@@ -18,7 +18,7 @@ from tensorflow_probability.substrates import jax as tfp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _cases import CASES, DISTRAX_NOT_CONSTRUCTIBLE  # noqa: E402
 
-from eqxprob import _families  # noqa: E402
+import eqxprob as ep  # noqa: E402
 
 
 tfd, tfb = tfp.distributions, tfp.bijectors
@@ -85,13 +85,12 @@ def _status(cls: object, name: str, tested: set[type], family_name: str) -> str:
         if family_name == "numpyro" and callable(cls) and name[0].isupper():
             return f"unsupported: {NUMPYRO_FACTORIES}"
         return ""  # not a class at all (a function or module): not listed
-    family = _families.family_of(cls)
-    if family is None or not (
-        family.is_distribution_class(cls) or family.is_bijector_class(cls)
-    ):
-        return "unsupported: not a distribution or bijector class (a helper)"
-    reason = family.abstract_reason(cls)
-    if reason is not None:
+    try:
+        ep.FixedDistrax.spec(cls)  # checks the class without calling it
+    except TypeError as e:
+        if "expects a distrax" in str(e):
+            return "unsupported: not a distribution or bijector class (a helper)"
+        reason = str(e).split("): ", 1)[1].split(" ", 1)[1]  # after the class name
         return f"unsupported: {reason.split(';')[0]}"
     return "tested" if cls in tested else "accepted"
 

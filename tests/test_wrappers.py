@@ -513,17 +513,15 @@ class _CountingNormal(distrax.Normal):
         super().__init__(loc, scale)
 
 
-def test_a_build_with_seen_shapes_is_not_validated_again():
+def test_every_build_is_checked_by_building_the_object():
     ep.FixedDistrax(_CountingNormal, jnp.zeros(3), jnp.ones(3))
     _CountingNormal.built = 0
     again = ep.FixedDistrax(_CountingNormal, jnp.ones(3), 2 * jnp.ones(3))
-    assert _CountingNormal.built == 0  # same class, shapes and dtypes: known valid
+    assert _CountingNormal.built == 1  # no cache: the class checks each build
     np.testing.assert_allclose(
         again.log_prob(jnp.zeros(3)),
         distrax.Normal(jnp.ones(3), 2 * jnp.ones(3)).log_prob(jnp.zeros(3)),
     )
-    ep.FixedDistrax(_CountingNormal, jnp.zeros(4), jnp.ones(4))
-    assert _CountingNormal.built > 1  # new shapes: validated again
 
 
 def test_cached_validation_still_rejects_new_bad_shapes_and_bad_values():
@@ -718,10 +716,7 @@ def test_validated_cache_ignores_value_checking_nested_tfp():
         ep.FixedDistrax(tfd.Independent, bad, 1)
 
 
-# --- numpyro's value check as one compiled call ---------------------------------
-# A numpyro build that validates is checked by one compiled call of numpyro's own
-# test (`_families._Numpyro.traced_checks`); the eager build runs only when that
-# fails (for numpyro's error) or cannot be traced.
+# --- numpyro's value checks -------------------------------------------------------
 
 
 def _outcome(build):
@@ -753,24 +748,10 @@ def test_numpyro_wrappers_accept_what_raw_numpyro_accepts():
     assert compared > 100 and rejected > 50, (compared, rejected)
 
 
-def test_numpyro_check_compiles_once_per_class_and_shapes():
-    # The deterministic proxy for "one compiled call": a second build of the same
-    # class and shapes compiles nothing, a new shape compiles one check.
-    from eqxprob import _wrappers
-
-    def compiled():
-        return _wrappers._traced_checks._cache_size()
-
-    ep.FixedDistrax(nd.Gumbel, jnp.zeros(6), jnp.ones(6))  # seen once: eager
-    ep.FixedDistrax(nd.Gumbel, jnp.zeros(7), jnp.ones(7))
-    before = compiled()
-    ep.FixedDistrax(nd.Gumbel, jnp.ones(7), 2 * jnp.ones(7))
-    assert compiled() == before
+def test_numpyro_rejection_names_the_class_and_numpyro_s_reason():
     ep.FixedDistrax(nd.Gumbel, jnp.zeros(8), jnp.ones(8))
-    assert compiled() == before + 1
     with pytest.raises(ValueError, match="numpyro.Gumbel rejected.*invalid scale"):
         ep.FixedDistrax(nd.Gumbel, jnp.zeros(8), -jnp.ones(8))
-    assert compiled() == before + 1
 
 
 def test_numpyro_class_overriding_validate_args_is_checked_eagerly():
@@ -799,14 +780,11 @@ def test_numpyro_class_that_cannot_be_traced_is_checked_eagerly():
 
     Concrete.__module__ = "numpyro.user"
 
-    from eqxprob import _wrappers
-
-    for _ in range(3):  # seen, then the trace fails, then known to fail
+    for _ in range(2):
         d = ep.FixedDistrax(Concrete, jnp.zeros(2), jnp.ones(2))
         _close(d.log_prob(X[:2]), nd.Normal(0.0, 1.0).log_prob(X[:2]))
         with pytest.raises(ValueError, match="Concrete rejected.*invalid scale"):
             ep.FixedDistrax(Concrete, jnp.zeros(2), -jnp.ones(2))
-    assert any(key[0] is Concrete for key in _wrappers._UNTRACEABLE)
 
 
 def test_numpyro_check_follows_the_validation_setting():
@@ -914,12 +892,8 @@ def test_numpyro_improper_uniform_with_an_unhashable_constraint(support):
 
 
 @pytest.mark.parametrize("transform", ["jit", "scan"])
-def test_numpyro_build_inside_a_transformation_keeps_the_compiled_check(transform):
-    # Inside `jax.jit` the compiled check is traced too; its verdict is unknown,
-    # the build is made as numpyro makes it, and the class is not marked as one
-    # that cannot be traced (red team: it was, and lost the compiled check).
-    from eqxprob import _wrappers
-
+def test_numpyro_build_inside_a_transformation(transform):
+    # Built from concrete arrays inside a trace: as numpyro builds it there.
     n = {"jit": 13, "scan": 15}[transform]
     loc, scale = jnp.zeros(n), jnp.ones(n)  # concrete, closed over
     ep.FixedDistrax(nd.Laplace, jnp.zeros(2), jnp.ones(2))  # seen once
@@ -933,10 +907,8 @@ def test_numpyro_build_inside_a_transformation_keeps_the_compiled_check(transfor
     else:
         got = jax.lax.scan(lambda c, x: (c, log_prob(x)), 0.0, x[None])[1][0]
     _close(got, nd.Laplace(loc, scale).log_prob(x))
-    assert not any(key[0] is nd.Laplace for key in _wrappers._UNTRACEABLE)
-    before = _wrappers._traced_checks._cache_size()
-    ep.FixedDistrax(nd.Laplace, jnp.zeros(n + 1), jnp.ones(n + 1))
-    assert _wrappers._traced_checks._cache_size() == before + 1
+    with pytest.raises(ValueError, match="invalid scale"):  # checked eagerly after
+        ep.FixedDistrax(nd.Laplace, jnp.zeros(n), -jnp.ones(n))
 
 
 def test_numpyro_validation_toggled_in_another_thread_leaves_no_stale_check():
@@ -987,38 +959,8 @@ def test_numpyro_validation_toggled_in_another_thread_leaves_no_stale_check():
         numpyro.enable_validation(was)
 
 
-@pytest.mark.standard_promotion("numpyro's EulerMaruyama/Independent builds mix dtypes")
-def test_numpyro_fresh_callable_arguments_compile_no_check_per_build():
-    # A callable argument is static, so part of the check's key: a `lambda` made
-    # afresh per build would compile a check per build (~40 ms, red team). A
-    # build seen once is checked eagerly, so none is compiled.
-    from eqxprob import _wrappers
-
-    t = jnp.linspace(0.0, 1.0, 7)
-    init = ep.FixedDistrax(
-        nd.Independent, ep.FixedDistrax(nd.Normal, jnp.zeros(3), jnp.ones(3)), 1
-    )
-
-    def drift(a):
-        return lambda x, t: (a * x, jnp.ones_like(x))
-
-    before = _wrappers._traced_checks._cache_size()
-    for i in range(4):
-        ep.FixedDistrax(nd.EulerMaruyama, t, drift(float(i)), init)
-    assert _wrappers._traced_checks._cache_size() == before
-    f = drift(2.0)  # the same function twice: compiled on the second build
-    ep.FixedDistrax(nd.EulerMaruyama, t, f, init)
-    ep.FixedDistrax(nd.EulerMaruyama, t, f, init)
-    assert _wrappers._traced_checks._cache_size() == before + 1
-
-
-def test_numpyro_untraceable_nested_wrapper_marks_only_its_structure():
-    # Red team: one TransformedDistribution over a transform that needed a
-    # concrete value when built marked TransformedDistribution itself as
-    # untraceable, for every later one. The mark is keyed by the nested
-    # wrappers' structure too.
-    from eqxprob import _wrappers
-
+def test_numpyro_nested_transform_that_reads_a_value_when_built():
+    # A transform that needs a concrete value when built, nested: as numpyro.
     class Concrete(nd.transforms.AffineTransform):  # reads a value when built
         def __init__(self, loc, scale):
             self.scale_was = float(jnp.max(scale))
@@ -1031,19 +973,11 @@ def test_numpyro_untraceable_nested_wrapper_marks_only_its_structure():
         base = ep.FixedDistrax(nd.Independent, normal, 1)
         return ep.FixedDistrax(nd.TransformedDistribution, base, transform)
 
-    def compiled(k, transform):
-        before = _wrappers._traced_checks._cache_size()
-        transformed(k, transform)
-        return _wrappers._traced_checks._cache_size() - before
-
     exp = ep.FixedDistrax(nd.transforms.ExpTransform)
     odd = ep.FixedDistrax(Concrete, jnp.array(0.0), jnp.array(2.0))
     for k in (130, 131):  # seen once, then traced
         transformed(k, exp)
         transformed(k, odd)
-    assert any(key[0] is nd.TransformedDistribution for key in _wrappers._UNTRACEABLE)
-    # Normal, Independent, TransformedDistribution over ExpTransform: compiled.
-    assert compiled(132, exp) == 3
     x = jnp.array([[0.5, 1.0]])
     raw = nd.TransformedDistribution(
         nd.Independent(nd.Normal(jnp.zeros(2), jnp.ones(2)), 1),
