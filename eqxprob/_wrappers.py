@@ -24,7 +24,7 @@ import functools
 import inspect
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import wadler_lindig as wl
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from tensorflow_probability.substrates import jax as tfp
 
 from . import _families
@@ -298,6 +297,36 @@ def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistra
     for name in static.dynamic:
         object.__setattr__(self, name, dynamic[name])
     return self
+
+
+class _Forwarded:
+    """A forwarded method of the uniform set, named by its attribute: instantiate,
+    then call the family's method of that name (`forward` for `__call__`)."""
+
+    def __init__(self, distribution: bool, doc: str):
+        self.distribution, self.__doc__ = distribution, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = "forward" if name == "__call__" else name
+
+    def __get__(self, wrapper: Any, owner: Any = None) -> Any:
+        call = functools.partial(
+            _call, distribution=self.distribution, method=self.name
+        )
+        return call if wrapper is None else functools.partial(call, wrapper)
+
+
+def _property(distribution: bool, doc: str) -> Any:
+    """A forwarded property (named by its attribute): instantiate, then read it."""
+
+    class Forwarded(property):
+        def __set_name__(self, owner: type, name: str) -> None:
+            self.name = name
+
+    forwarded = Forwarded(
+        lambda self: _get(self, distribution, forwarded.name), doc=doc
+    )
+    return forwarded
 
 
 class FixedDistrax(eqx.Module):
@@ -590,116 +619,32 @@ class FixedDistrax(eqx.Module):
         """Whether the wrapped class is a distribution (else a bijector)."""
         return _family(self.cls).is_distribution_class(self.cls)
 
-    # --- distributions --------------------------------------------------------
+    # --- the uniform method set: one line per forwarded method ---------------
 
-    def log_prob(self, value: PyTree[ArrayLike]) -> Float[Array, "*batch"]:
-        """Log density (or mass) of `value`."""
-        return _call(self, True, "log_prob", _unwrap(value))
-
-    def prob(self, value: PyTree[ArrayLike]) -> Float[Array, "*batch"]:
-        """Density (or mass) of `value`."""
-        return _call(self, True, "prob", _unwrap(value))
-
-    def cdf(self, value: ArrayLike) -> Float[Array, "*batch"]:
-        """Cumulative distribution function at `value`."""
-        return _call(self, True, "cdf", value)
-
-    def log_cdf(self, value: ArrayLike) -> Float[Array, "*batch"]:
-        """Log of the cumulative distribution function at `value`."""
-        return _call(self, True, "log_cdf", value)
-
-    def sample(
-        self, *, seed: PRNGKeyArray | int, sample_shape: int | Sequence[int] = ()
-    ) -> PyTree[Array]:
-        """Draw samples of shape `sample_shape + batch_shape + event_shape`."""
-        return _call(self, True, "sample", seed=seed, sample_shape=sample_shape)
-
-    def sample_and_log_prob(
-        self, *, seed: PRNGKeyArray | int, sample_shape: int | Sequence[int] = ()
-    ) -> tuple[PyTree[Array], Float[Array, "*batch"]]:
-        """Draw samples and return `(samples, log_prob(samples))`."""
-        method = "sample_and_log_prob"
-        return _call(self, True, method, seed=seed, sample_shape=sample_shape)
-
-    def mean(self) -> PyTree[Array]:
-        """The mean."""
-        return _call(self, True, "mean")
-
-    def mode(self) -> PyTree[Array]:
-        """The mode."""
-        return _call(self, True, "mode")
-
-    def variance(self) -> PyTree[Array]:
-        """The variance."""
-        return _call(self, True, "variance")
-
-    def stddev(self) -> PyTree[Array]:
-        """The standard deviation."""
-        return _call(self, True, "stddev")
-
-    def entropy(self) -> Float[Array, "*batch"]:
-        """The (differential) entropy."""
-        return _call(self, True, "entropy")
-
-    def kl_divergence(self, other: Any) -> Float[Array, "*batch"]:
-        """KL(self || other); `other` may be wrapped or raw."""
-        return _call(self, True, "kl_divergence", other)
-
-    def cross_entropy(self, other: Any) -> Float[Array, "*batch"]:
-        """Cross entropy of `other` relative to self; `other` may be wrapped."""
-        return _call(self, True, "cross_entropy", other)
-
-    @property
-    def batch_shape(self) -> Any:
-        """The batch shape, as a tuple for every family."""
-        return _get(self, True, "batch_shape")
-
-    @property
-    def event_shape(self) -> Any:
-        """The event shape, as a tuple for every family."""
-        return _get(self, True, "event_shape")
-
-    @property
-    def dtype(self) -> Any:
-        """The dtype of samples."""
-        return _get(self, True, "dtype")
-
-    # --- bijectors ------------------------------------------------------------
-
-    def forward(self, x: ArrayLike) -> Array:
-        """y = f(x)."""
-        return _call(self, False, "forward", x)
-
-    def inverse(self, y: ArrayLike) -> Array:
-        """x = f⁻¹(y)."""
-        return _call(self, False, "inverse", y)
-
-    def forward_log_det_jacobian(self, x: ArrayLike) -> Float[Array, "*shape"]:
-        """log|det J(f)(x)| (elementwise for scalar bijectors)."""
-        return _call(self, False, "forward_log_det_jacobian", x)
-
-    def inverse_log_det_jacobian(self, y: ArrayLike) -> Float[Array, "*shape"]:
-        """log|det J(f⁻¹)(y)| (elementwise for scalar bijectors)."""
-        return _call(self, False, "inverse_log_det_jacobian", y)
-
-    def forward_and_log_det(self, x: ArrayLike) -> tuple[Array, Float[Array, "*shape"]]:
-        """`(f(x), log|det J(f)(x)|)`, for every family."""
-        return _call(self, False, "forward_and_log_det", x)
-
-    def inverse_and_log_det(self, y: ArrayLike) -> tuple[Array, Float[Array, "*shape"]]:
-        """`(f⁻¹(y), log|det J(f⁻¹)(y)|)`, for every family."""
-        return _call(self, False, "inverse_and_log_det", y)
-
-    @property
-    def event_ndims_in(self) -> int | None:
-        """How many trailing axes of `x` one log-det term consumes, for every
-        family (TFP's `forward_min_event_ndims`, numpyro's `domain.event_dim`);
-        `None` if unknown."""
-        return _get(self, False, "event_ndims_in")
-
-    def __call__(self, x: ArrayLike) -> Array:
-        """Same as `forward`."""
-        return _call(self, False, "forward", x)
+    log_prob = _Forwarded(True, "Log density (or mass) of `value`.")
+    prob = _Forwarded(True, "Density (or mass) of `value`.")
+    cdf = _Forwarded(True, "Cumulative distribution function at `value`.")
+    log_cdf = _Forwarded(True, "Log of the CDF at `value`.")
+    sample = _Forwarded(True, "`sample(seed=, sample_shape=())`: samples.")
+    sample_and_log_prob = _Forwarded(True, "`(samples, log_prob(samples))`.")
+    mean = _Forwarded(True, "The mean.")
+    mode = _Forwarded(True, "The mode.")
+    variance = _Forwarded(True, "The variance.")
+    stddev = _Forwarded(True, "The standard deviation.")
+    entropy = _Forwarded(True, "The (differential) entropy.")
+    kl_divergence = _Forwarded(True, "KL(self || other); `other` wrapped or raw.")
+    cross_entropy = _Forwarded(True, "Cross entropy of `other` relative to self.")
+    batch_shape = _property(True, "The batch shape, a tuple for every family.")
+    event_shape = _property(True, "The event shape, a tuple for every family.")
+    dtype = _property(True, "The dtype of samples.")
+    forward = _Forwarded(False, "y = f(x).")
+    inverse = _Forwarded(False, "x = f⁻¹(y).")
+    forward_log_det_jacobian = _Forwarded(False, "log|det J(f)(x)|.")
+    inverse_log_det_jacobian = _Forwarded(False, "log|det J(f⁻¹)(y)|.")
+    forward_and_log_det = _Forwarded(False, "`(f(x), log|det J(f)(x)|)`.")
+    inverse_and_log_det = _Forwarded(False, "`(f⁻¹(y), log|det J(f⁻¹)(y)|)`.")
+    event_ndims_in = _property(False, "Trailing axes one log-det term consumes.")
+    __call__ = _Forwarded(False, "Same as `forward`.")
 
 
 # Names an array argument's field may not take: the wrapper's own attributes.
@@ -743,15 +688,11 @@ def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
 
 def _caches(wrapper: FixedDistrax) -> bool:
     """Whether `wrapper` builds any object of a family that caches by identity."""
-    return (
-        any(
-            _family(w.cls).caches_by_identity
-            for w in jtu.tree_leaves(
-                wrapper, is_leaf=lambda x: x is not wrapper and _is_wrapper(x)
-            )
-            if _is_wrapper(w)
-        )
-        or _family(wrapper.cls).caches_by_identity
+    inner = jtu.tree_leaves(
+        wrapper, is_leaf=lambda x: x is not wrapper and _is_wrapper(x)
+    )
+    return _family(wrapper.cls).caches_by_identity or any(
+        _caches(w) for w in inner if _is_wrapper(w)
     )
 
 
@@ -789,7 +730,7 @@ def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
         )
 
 
-def _call(wrapper: FixedDistrax, distribution: bool, method: str, *args, **kw) -> Any:
+def _call(wrapper: Any, *args: Any, distribution: bool, method: str, **kw: Any) -> Any:
     """Instantiate `wrapper` and call the uniform `method` on the result."""
     _check_kind(wrapper, distribution, method)
     fresh_arrays = _caches(wrapper)
@@ -800,7 +741,7 @@ def _call(wrapper: FixedDistrax, distribution: bool, method: str, *args, **kw) -
     return _family(wrapper.cls).call(obj, method, *args, **kw)
 
 
-def _get(wrapper: FixedDistrax, distribution: bool, name: str) -> Any:
+def _get(wrapper: Any, distribution: bool, name: str) -> Any:
     """Instantiate `wrapper` and read its property `name`."""
     _check_kind(wrapper, distribution, name)
     return _family(wrapper.cls).get(_build(wrapper, _caches(wrapper)), name)
@@ -817,11 +758,6 @@ def _call_through(method: Any, fresh_arrays: bool, *args: Any, **kwargs: Any) ->
         except TypeError:
             return out
     return out
-
-
-def _unwrap(x: Any) -> Any:
-    """Instantiate `x` if it is a wrapper (recursively through its arguments)."""
-    return x.instantiate() if _is_wrapper(x) else x
 
 
 def _format(value: Any) -> str:
