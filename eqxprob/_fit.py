@@ -1,25 +1,26 @@
 """`fit`: minimise a loss over a model's trainable parameters with optax.
 
-Three parts: a pure `step` (one optimiser update, its batch and key from the
-global step number); a chunk of steps, compiled (blocks of steps in a `lax.scan`,
-so the step loop's trip count is static, inside a `while_loop` over the blocks);
-and `fit` itself (progress, Ctrl-C, finding a non-finite step).
-Every call traces the chunk as the code is now; `_programs` reuses a compiled
-program only for an identical lowering. Under a JAX transformation the steps are
-one `lax.scan` in the caller's program instead.
+Its one idea: a training loop that trains what the code says now. Each call
+traces the user's loss once, checks that trace, and runs pure steps (one
+optimiser update, its batch and key from the global step number) in compiled
+chunks: blocks of steps in a `lax.scan`, so the step loop's trip count is
+static, inside a `while_loop` over the blocks. `_programs` reuses a compiled
+chunk only for an identical lowering. Between chunks `fit` shows progress,
+stops on Ctrl-C, and runs a chunk that went non-finite again one step at a time
+to find its step. Under a JAX transformation the steps are one `lax.scan` in
+the caller's program instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import inspect
 import numbers
-import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import equinox as eqx
 import jax
@@ -39,19 +40,14 @@ from ._parameter import trainable
 
 def _block(leaves: list, steps: int) -> int:
     """Steps per block, the step loop's static trip count. An accelerator reads a
-    dynamic loop's predicate on the host, once a step; blocks of 32 pay that
-    round trip once per block (a logistic regression's step on an H200: 0.0155
-    against 0.0315 ms, `benchmarks/fit_loop.py`), but the last block of a call
-    computes up to 31 steps it discards. So: blocks of 32 on an accelerator for
-    a call of at least 1,000 steps (at most 3% discarded); one step per block
-    otherwise, on XLA:CPU (which runs on the host), and for a program with host
-    callbacks (which the discarded steps would make too: `fit`)."""
-    for x in leaves:
-        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-            platform = next(iter(x.devices())).platform
-            break
-    else:
-        platform = jax.default_backend()
+    dynamic loop's predicate on the host, once a step; a block pays that round
+    trip once, but the last block of a call computes up to 31 steps it discards.
+    So: blocks of 32 on an accelerator for a call of at least 1,000 steps (at
+    most 3% discarded, `benchmarks/fit_loop.py`); one step per block otherwise,
+    on XLA:CPU (which runs on the host), and for a program with host callbacks
+    (which the discarded steps would make too: `fit`)."""
+    devices = (next(iter(x.devices())) for x in leaves if isinstance(x, jax.Array))
+    platform = next((d.platform for d in devices), jax.default_backend())
     return 1 if platform == "cpu" or steps < 1000 else 32
 
 
@@ -122,13 +118,7 @@ class FitState(eqx.Module):
         """The state before the first step: `optimiser.init` of the model's
         trainable parameters (`ep.trainable`), step 0."""
         params, _ = eqx.partition(model, trainable(model))
-        return cls(
-            _init(_checked_optimiser(optimiser), _strong(params)), _step_count(0)
-        )
-
-
-def _step_count(n: Any) -> Array:
-    return jnp.asarray(n, jnp.int32)
+        return cls(_init(_optimiser(optimiser), _strong(params)), jnp.int32(0))
 
 
 def _init(optimiser: optax.GradientTransformation, params: PyTree) -> PyTree:
@@ -139,20 +129,19 @@ def _init(optimiser: optax.GradientTransformation, params: PyTree) -> PyTree:
 def _strong(tree: PyTree) -> PyTree:
     """Weak types dropped (a weakly typed input would compile a second program);
     concrete arrays through NumPy, which compiles nothing."""
-    return jtu.tree_map(_strong_leaf, tree)
+
+    def leaf(x: Any) -> Any:
+        if not getattr(x, "weak_type", False):
+            return x
+        if isinstance(x, jax.core.Tracer):
+            return x.astype(x.dtype)
+        return jax.device_put(np.asarray(x), x.sharding if x.committed else None)
+
+    return jtu.tree_map(leaf, tree)
 
 
-def _strong_leaf(x: Any) -> Any:
-    if not getattr(x, "weak_type", False):
-        return x
-    if isinstance(x, jax.core.Tracer):
-        return x.astype(x.dtype)
-    return jax.device_put(np.asarray(x), x.sharding if x.committed else None)
-
-
-def _all_finite(tree: PyTree) -> Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jtu.tree_leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+def _aval(x: Any) -> tuple:
+    return tuple(x.shape), x.dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,22 +151,23 @@ class _Problem:
 
     loss: Callable
     optimiser: optax.GradientTransformation
-    skeleton: PyTree
     batch_size: int | None
     rows: int  # (0 without data)
     takes_key: bool
+    call: str  # how `fit` calls the loss, for messages
     promotion: str  # the dtype promotion in force where `fit` was called
+    skeleton: PyTree = None
     # The loss's one trace in this call (`_trace_loss`), a closed jaxpr of
     # `value`'s arrays (its constants may be an outer transformation's tracers).
     # The steps evaluate it rather than tracing the user's code again, which
     # could read other state (a random draw, say).
     traced: Any = None
-    avals: list = dataclasses.field(default_factory=list)  # (shape, dtype) each
+    avals: tuple = ()  # (shape, dtype) of each of the traced jaxpr's inputs
 
     def value(self, params, fixed, data, keys, step):
         """The loss of global step `step` at the trainable `params`."""
         leaves = jtu.tree_leaves((params, fixed, data, keys, step))
-        if self.traced is not None and list(map(_aval, leaves)) == self.avals:
+        if tuple(map(_aval, leaves)) == self.avals:
             return jex.jaxpr_as_fun(self.traced)(*leaves)[0]
         # (Not the traced inputs: a line search's trial parameters, promoted by
         # `params + stepsize * updates`. The loss, traced again, as optax does.)
@@ -195,9 +185,7 @@ class _Problem:
 
     def step(self, params, opt_state, fixed, data, keys, step):
         """One update: `(params, opt_state, loss)` after global step `step`."""
-        loss = functools.partial(
-            self.value, fixed=fixed, data=data, keys=keys, step=step
-        )
+        loss = lambda p: self.value(p, fixed, data, keys, step)
         value, grads = jax.value_and_grad(loss)(params)
         # (A plain `GradientTransformation` takes no `value=`, `grad=`,
         # `value_fn=`: optax's wrapper drops them.)
@@ -209,15 +197,21 @@ class _Problem:
             # (Cast back to each parameter's dtype: an update in another dtype,
             # from `mu_dtype=` or a float64 learning rate, say.)
             params = optax.apply_updates(params, updates)
-        return params, _strong(opt_state), value.astype(_loss_dtype())
+        return params, _strong(opt_state), value.astype(jnp.result_type(float))
 
+    def scan(self, carry, fixed, data, keys, start, indices, n=None):
+        """Steps `start + indices` in a `lax.scan` from `carry`, `(params,
+        opt_state)`: the carry reached and the losses. With `n`, the steps of
+        indices past `n` are discarded (the end of the last block)."""
 
-def _aval(x: Any) -> tuple:
-    return tuple(x.shape), x.dtype
+        def body(carry, i):
+            p, s, value = self.step(carry[0], carry[1], fixed, data, keys, start + i)
+            if n is not None:
+                pick = lambda new, old: jnp.where(i < n, new, old)
+                p, s = jtu.tree_map(pick, (p, s), carry)
+            return (p, s), value
 
-
-def _loss_dtype() -> Any:
-    return jnp.result_type(float)
+        return jax.lax.scan(body, carry, indices)
 
 
 def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable:
@@ -229,55 +223,39 @@ def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable
     def fit_chunk(*flat):
         params, opt, fixed, data, keys, start, n = jtu.tree_unflatten(trees, flat)
 
-        def body(carry, i):
-            p, s = carry
-            new_p, new_s, value = problem.step(p, s, fixed, data, keys, start + i)
-            if block == 1:
-                return (new_p, new_s), value
-            keep = i < n  # (the steps of the last block past `n`: discarded)
-            pick = lambda new, old: jnp.where(keep, new, old)  # noqa: E731
-            return (jtu.tree_map(pick, new_p, p), jtu.tree_map(pick, new_s, s)), value
-
         def blocks(carry):
             j, p, s, losses = carry
             steps = j * block + jnp.arange(block, dtype=jnp.int32)
-            (p, s), values = jax.lax.scan(body, (p, s), steps)
+            last = None if block == 1 else n
+            (p, s), values = problem.scan((p, s), fixed, data, keys, start, steps, last)
             losses = jax.lax.dynamic_update_slice_in_dim(losses, values, j * block, 0)
             return j + 1, p, s, losses
 
         mesh = _sharding.first_mesh(jtu.tree_leaves((params, fixed, data)))
-        losses = _sharding.zeros(capacity, _loss_dtype(), mesh)
+        losses = _sharding.zeros(capacity, jnp.result_type(float), mesh)
         carry = (jnp.int32(0), params, opt, losses)
         _, params, opt, losses = jax.lax.while_loop(
             lambda c: c[0] * block < n, blocks, carry
         )
-        return jtu.tree_leaves((params, opt, losses, _all_finite(params)))
+        finite = [jnp.all(jnp.isfinite(x)) for x in jtu.tree_leaves(params)]
+        return jtu.tree_leaves((params, opt, losses, jnp.all(jnp.stack(finite))))
 
     return fit_chunk
 
 
-def _scan(problem, args, start, steps):
-    """All the steps in one `lax.scan`: `fit` under a JAX transformation."""
-    params, opt, fixed, data, keys = args
-
-    def body(carry, i):
-        p, s, value = problem.step(*carry, fixed, data, keys, start + i)
-        return (p, s), value
-
-    steps = jnp.arange(steps, dtype=jnp.int32)
-    (params, opt), losses = jax.lax.scan(body, (params, opt), steps)
-    return params, opt, losses
-
-
-def _check_int(name: str, value: Any) -> int:
+def _positive(name: str, value: Any, most: int | None = None, of: str = "") -> int:
+    """`value` checked to be an integer in `1 .. most` (`of`: `most` in words)."""
+    message = f"fit: `{name}` must be a positive integer, got {value!r}."
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"fit: `{name}` must be a positive integer, got {value!r}.")
-    if value < 1:
-        raise ValueError(f"fit: `{name}` must be a positive integer, got {value!r}.")
+        raise TypeError(message)
+    if int(value) < 1:
+        raise ValueError(message)
+    if most is not None and int(value) > most:
+        raise ValueError(f"fit: `{name}` ({value}) is more than {of}.")
     return int(value)
 
 
-def _checked_optimiser(optimiser: Any) -> optax.GradientTransformation:
+def _optimiser(optimiser: Any) -> optax.GradientTransformation:
     """`optimiser`, or the transformation of an `optax.MultiSteps`."""
     if isinstance(optimiser, optax.GradientTransformation):
         return optimiser
@@ -295,49 +273,88 @@ def _checked_optimiser(optimiser: Any) -> optax.GradientTransformation:
     )
 
 
-def _takes_key(loss_fn: Callable) -> bool:
+def _arguments(
+    loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
+):
+    """`fit`'s arguments checked, with messages that say how to fix them: the
+    numbers of steps, the data (NumPy rows made JAX arrays, indexed by traced
+    minibatch indices) and the problem, yet without the model."""
+    steps = _positive("steps", steps)
+    most = "1,000,000, the most steps a chunk's losses' buffer holds (the default "
+    most += "rarely needs changing: chunks are timed to last about a quarter second)"
+    chunk_size = _positive("chunk_size", chunk_size, 1_000_000, most)
+    optimiser = _optimiser(optimiser)
+    if progress not in (True, False):
+        raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
+    if state is not None and not isinstance(state, FitState):
+        raise TypeError(
+            "fit: `state` must be an `ep.FitState` (`ep.FitState.init(model, "
+            f"optimiser)` or one a fit returned), got {type(state).__name__}."
+        )
     if not callable(loss_fn):
         raise TypeError(f"fit: `loss_fn` must be callable, got {loss_fn!r}.")
     try:
-        return "key" in inspect.signature(loss_fn).parameters
+        signature = inspect.signature(loss_fn)
     except (TypeError, ValueError):
-        return False
-
-
-def _check_data(data: PyTree) -> int:
-    leaves = jtu.tree_leaves(data)
-    if not leaves or not all(eqx.is_array(x) and x.ndim >= 1 for x in leaves):
+        signature = None
+    takes_key = signature is not None and "key" in signature.parameters
+    rows = 0
+    if data is not None:
+        leaves = jtu.tree_leaves(data)
+        sizes = {x.shape[0] if eqx.is_array(x) and x.ndim else 0 for x in leaves}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError(
+                "fit: `data` must be a PyTree of arrays with the same number of rows "
+                "(their leading axis, at least one row), got the shapes "
+                f"{[getattr(x, 'shape', type(x).__name__) for x in leaves]}."
+            )
+        rows, data = sizes.pop(), jtu.tree_map(jnp.asarray, data)
+        if batch_size is not None:
+            of = f"the number of rows in `data` ({rows})"
+            batch_size = _positive("batch_size", batch_size, rows, of)
+    elif batch_size is not None:
         raise ValueError(
-            "fit: `data` must be a PyTree of arrays with a leading (row) axis."
+            "fit: `batch_size` needs `data` (a PyTree of arrays with a row axis)."
         )
-    sizes = {x.shape[0] for x in leaves}
-    if len(sizes) != 1:
+    needs_key = batch_size is not None or takes_key
+    if needs_key and key is None:
+        why = "minibatches" if batch_size is not None else "a loss taking `key`"
+        raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
+    if key is not None and not needs_key:
         raise ValueError(
-            f"fit: every array in `data` must have the same number of rows, got "
-            f"{sorted(sizes)}."
+            "fit: `key` is used only for minibatches (`data` with `batch_size`) or "
+            "by a loss with a `key` parameter; this call has neither. Drop `key`, "
+            "or add `key` to the loss's parameters."
         )
-    rows = sizes.pop()
-    if rows == 0:
-        raise ValueError("fit: `data` has no rows.")
-    return rows
+    call = "loss_fn(model" + (", batch" if data is not None else "")
+    call += ", key=key)" if takes_key else ")"
+    try:  # (a `TypeError` raised inside the loss is the user's own: not here)
+        if signature is not None:
+            args = [None] * (1 + (data is not None))
+            signature.bind(*args, **({"key": None} if takes_key else {}))
+    except TypeError as e:
+        raise TypeError(
+            f"fit: `loss_fn` cannot be called as `{call}`: {e}. With `data`, the "
+            "loss takes `(model, batch)`; without, `(model)`; add a `key` "
+            "parameter for a fresh key per step."
+        ) from None
+    promotion = jax.config.jax_numpy_dtype_promotion  # pyright: ignore[reportAttributeAccessIssue]
+    problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key, call, promotion)
+    return steps, chunk_size, data, problem
 
 
 def _check_model(model: PyTree) -> None:
     """Raise for what would train wrongly or fail obscurely: a raw library
-    object in the model, or constrained fields holding raw arrays."""
-    raw = [  # (numpyro's objects are proper pytrees: they train)
-        (path, x)
-        for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]
-        if is_raw(x) and family_of_instance(x).name != "numpyro"  # pyright: ignore[reportOptionalMemberAccess]
-    ]
-    if raw:
-        path, x = raw[0]
-        raise TypeError(
-            f"fit: the model holds a raw {type(x).__module__}.{type(x).__name__} "
-            f"at `{jtu.keystr(path).lstrip('.') or '(root)'}`; its pytree is not "
-            "one JAX can differentiate. Wrap it: `ep.FixedDistrax("
-            f"{type(x).__name__}, ...)` with the same arguments."
-        )
+    object in the model (numpyro's objects are proper pytrees: they train), or
+    constrained fields holding raw arrays."""
+    for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]:
+        if is_raw(x) and getattr(family_of_instance(x), "name", None) != "numpyro":
+            raise TypeError(
+                f"fit: the model holds a raw {type(x).__module__}.{type(x).__name__} "
+                f"at `{jtu.keystr(path).lstrip('.') or '(root)'}`; its pytree is not "
+                "one JAX can differentiate. Wrap it: `ep.FixedDistrax("
+                f"{type(x).__name__}, ...)` with the same arguments."
+            )
     labels = unparameterized(model)
     if labels:
         names = ", ".join(f"`{label}`" for label in labels[:5])
@@ -355,113 +372,97 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
     """`problem` with its loss traced, the one trace of the user's loss in this
     call, checked: it must return a real scalar that reads a trainable
     parameter."""
-    call = "loss_fn(model" + (", batch" if data is not None else "")
-    call += ", key=key)" if problem.takes_key else ")"
-    _check_signature(problem, call)
     arrays = (params, fixed, data, keys, jnp.int32(0))
     closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(
-            f"fit: `{call}` must return a scalar array, got "
+            f"fit: `{problem.call}` must return a scalar array, got "
             f"{type(out).__name__} ({jtu.tree_structure(out)}). Return only the loss."
         )
     if out.shape != () or not jnp.issubdtype(out.dtype, jnp.floating):
         raise TypeError(
-            f"fit: `{call}` must return a real floating-point scalar, got shape "
-            f"{out.shape} and dtype {out.dtype}. Reduce it (e.g. `jnp.sum`) and "
-            "keep it real (`jnp.real`, `.astype(float)`)."
+            f"fit: `{problem.call}` must return a real floating-point scalar, got "
+            f"shape {out.shape} and dtype {out.dtype}. Reduce it (e.g. `jnp.sum`) "
+            "and keep it real (`jnp.real`, `.astype(float)`)."
         )
     inputs = set(map(id, closed.jaxpr.invars[: len(jtu.tree_leaves(params))]))
     used = [*closed.jaxpr.outvars, *(v for e in closed.jaxpr.eqns for v in e.invars)]
     if not any(id(v) in inputs for v in used):
         raise ValueError(
-            f"fit: `{call}` does not depend on any trainable parameter of the "
-            "model, so training would change nothing (every loss the same). Use "
-            "the model's arrays in the loss; Python floats and ints are static, "
-            "and `ep.Frozen` values are not trained."
+            f"fit: `{problem.call}` does not depend on any trainable parameter of "
+            "the model, so training would change nothing (every loss the same). "
+            "Use the model's arrays in the loss; Python floats and ints are "
+            "static, and `ep.Frozen` values are not trained."
         )
-    avals = [_aval(v.aval) for v in closed.jaxpr.invars]
+    avals = tuple(_aval(v.aval) for v in closed.jaxpr.invars)
     return dataclasses.replace(problem, traced=closed, avals=avals)
 
 
-def _check_signature(problem: _Problem, call: str) -> None:
-    """Raise if `loss_fn` cannot take the arguments `fit` passes (a `TypeError`
-    raised inside the loss is the user's own and is not relabelled)."""
-    try:
-        signature = inspect.signature(problem.loss)
-    except (TypeError, ValueError):
-        return
-    n = 1 + (problem.rows > 0)
-    kwargs = {"key": None} if problem.takes_key else {}
-    try:
-        signature.bind(*[None] * n, **kwargs)
-    except TypeError as e:
-        raise TypeError(
-            f"fit: `loss_fn` cannot be called as `{call}`: {e}. With `data`, the "
-            "loss takes `(model, batch)`; without, `(model)`; add a `key` "
-            "parameter for a fresh key per step."
-        ) from None
+def _resumed(state: FitState, fresh: PyTree) -> PyTree:
+    """The optimiser state of `state`, checked against a fresh one (`fresh`)
+    and, under a mesh with `Explicit` axes, placed as the fresh one is."""
+    opt, treedef = jtu.tree_flatten(state.opt_state)
+    like, like_treedef = jtu.tree_flatten(fresh)
+    aval = lambda x: (jnp.shape(x), jnp.result_type(x))  # noqa: E731
+    if treedef != like_treedef or list(map(aval, opt)) != list(map(aval, like)):
+        raise ValueError(
+            "fit: `state` does not match this model and optimiser (its "
+            "optimiser state has another structure, shape or dtype). Pass the "
+            "`FitState` of a fit of the same model with the same optimiser, or "
+            "`ep.FitState.init(model, optimiser)`."
+        )
+    step = state.step
+    if (
+        jnp.shape(step) != ()
+        or not jnp.issubdtype(jnp.result_type(step), jnp.integer)
+        or (not isinstance(step, jax.core.Tracer) and not 0 <= int(step) < 2**31 - 1)
+    ):
+        raise ValueError(
+            "fit: `state.step` must be an integer scalar step count, 0 <= step "
+            f"< 2**31 - 1, got {step}."
+        )
+    return jtu.tree_unflatten(treedef, _sharding.place_like(opt, like))
 
 
-def _arguments(
-    loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
-):
-    """`fit`'s arguments checked, with messages that say how to fix them."""
-    steps = _check_int("steps", steps)
-    chunk_size = _check_int("chunk_size", chunk_size)
-    if chunk_size > 1_000_000:
-        raise ValueError(
-            f"fit: `chunk_size` ({chunk_size}) is the length of the losses' buffer "
-            "of every chunk; at most 1,000,000 (the default, 10,000, rarely needs "
-            "changing: chunks are timed to last about a quarter of a second)."
-        )
-    optimiser = _checked_optimiser(optimiser)
-    if progress not in (True, False):
-        raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
-    if state is not None and not isinstance(state, FitState):
-        raise TypeError(
-            "fit: `state` must be an `ep.FitState` (`ep.FitState.init(model, "
-            "optimiser)` or one returned by `ep.fit(..., return_state=True)`), got "
-            f"{type(state).__name__}."
-        )
-    takes_key = _takes_key(loss_fn)
-    rows = 0
-    if data is None:
-        if batch_size is not None:
-            raise ValueError(
-                "fit: `batch_size` needs `data` (a PyTree of arrays with a row axis)."
-            )
-    else:
-        rows = _check_data(data)
-        # NumPy rows are indexed by traced minibatch indices: make them JAX arrays.
-        data = jtu.tree_map(
-            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, data
-        )
-        if batch_size is not None:
-            batch_size = _check_int("batch_size", batch_size)
-            if batch_size > rows:
-                raise ValueError(
-                    f"fit: `batch_size` ({batch_size}) is more than the number of "
-                    f"rows in `data` ({rows})."
-                )
-    needs_key = batch_size is not None or takes_key
-    if needs_key and key is None:
-        why = "minibatches" if batch_size is not None else "a loss taking `key`"
-        raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
-    if key is not None and not needs_key:
-        raise ValueError(
-            "fit: `key` is used only for minibatches (`data` with `batch_size`) or "
-            "by a loss with a `key` parameter; this call has neither. Drop `key`, "
-            "or add `key` to the loss's parameters."
-        )
-    return steps, chunk_size, optimiser, takes_key, data, rows, batch_size
+@overload
+def fit(
+    model: PyTree,
+    loss_fn: Callable[..., Array],
+    *,
+    optimiser: optax.GradientTransformation | optax.MultiSteps,
+    steps: int,
+    data: PyTree | None = None,
+    batch_size: int | None = None,
+    key: PRNGKeyArray | None = None,
+    progress: bool = True,
+    chunk_size: int = 10_000,
+    state: FitState | None = None,
+    return_state: Literal[False] = False,
+) -> tuple[PyTree, Array]: ...
+
+
+@overload
+def fit(
+    model: PyTree,
+    loss_fn: Callable[..., Array],
+    *,
+    optimiser: optax.GradientTransformation | optax.MultiSteps,
+    steps: int,
+    data: PyTree | None = None,
+    batch_size: int | None = None,
+    key: PRNGKeyArray | None = None,
+    progress: bool = True,
+    chunk_size: int = 10_000,
+    state: FitState | None = None,
+    return_state: Literal[True],
+) -> tuple[PyTree, Array, FitState]: ...
 
 
 def fit(
     model: PyTree,
     loss_fn: Callable[..., Array],
     *,
-    optimiser: optax.GradientTransformation,
+    optimiser: optax.GradientTransformation | optax.MultiSteps,
     steps: int,
     data: PyTree | None = None,
     batch_size: int | None = None,
@@ -529,11 +530,10 @@ def fit(
     when that lowering is identical, constants included (see
     [the fit guide](../howto/fit.md)).
     """
-    steps, chunk_size, optimiser, takes_key, data, rows, batch_size = _arguments(
+    steps, chunk_size, data, problem = _arguments(
         loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
     )
     _check_model(model)
-
     params, static = eqx.partition(model, trainable(model))
     if not jtu.tree_leaves(params):
         raise ValueError(
@@ -546,76 +546,82 @@ def fit(
     keys = None if key is None else jax.random.split(key)
     params, fixed, data, keys = _sharding.place_together((params, fixed, data, keys))
     params = _strong(params)
-    promotion = jax.config.jax_numpy_dtype_promotion  # pyright: ignore[reportAttributeAccessIssue]
-    problem = _Problem(
-        loss_fn, optimiser, skeleton, batch_size, rows, takes_key, promotion
-    )
-    fresh = _init(optimiser, params)
-    if state is None:
-        opt, start = fresh, 0
-    else:
-        opt, start = _resumed(state, fresh), state.step
+    fresh = _init(problem.optimiser, params)
+    opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
+    problem = dataclasses.replace(problem, skeleton=skeleton)
     problem = _trace_loss(problem, params, fixed, data, keys)
-
     args = (params, opt, fixed, data, keys)
-    if _under_a_trace() or any(
+    out = None
+    # Under a trace (`jax.jit`, `lax.scan`, ...) even an operation on concrete
+    # values gives a tracer: the steps then belong in the caller's program.
+    if not isinstance(jnp.zeros(()), jax.core.Tracer) and not any(
         isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))
     ):
-        return _traced(problem, model, static, args, start, steps, return_state)
+        with contextlib.suppress(_programs.Traced):  # (an outer `jax.vmap`'s value)
+            out = _run(problem, model, static, args, start, steps, chunk_size, progress)
+    if out is None:  # all steps in one `lax.scan` of the caller's program; nothing
+        # reaches the host (no bar, no `NonFiniteLossError`: the losses keep them)
+        indices = jnp.arange(steps, dtype=jnp.int32)
+        (params, opt), losses = problem.scan(args[:2], *args[2:], start, indices)
+        state = FitState(opt, jnp.int32(start + steps))
+        out = eqx.combine(params, static), losses, state
+    return out if return_state else out[:2]
+
+
+def _run(problem, model, static, args, start, steps, chunk_size, progress):
+    """`fit` on concrete values: the chunk compiled (`_programs`), then run
+    chunk after chunk from the host, each timed to last about a quarter of a
+    second: progress, Ctrl-C, and a chunk that went non-finite run again one
+    step at a time, to find the first step whose loss, or whose updated
+    parameters (how a non-finite gradient shows), is not finite. The losses are
+    put where the steps ran (a chunk's losses buffer): replicated over its
+    devices, committed only if it is. Raises `_programs.Traced` if the loss
+    reads a value of an outer transformation."""
     start = int(start)
     flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
     block = _block(flat, steps)
-    try:
-        capacity = -(-chunk_size // block) * block
-        run, reusable = _programs.program(_chunk(problem, trees, capacity, block), flat)
-        if block > 1 and not reusable:  # host callbacks: no discarded steps
-            block, capacity = 1, chunk_size
-            run, _ = _programs.program(_chunk(problem, trees, capacity, 1), flat)
-    except _programs.Traced:  # the loss reads a value of an outer `jax.vmap`
-        return _traced(problem, model, static, args, start, steps, return_state)
-    n_params = len(jtu.tree_leaves(params))
-    n_state = n_params + len(jtu.tree_leaves(opt))
-    out_trees = (jtu.tree_structure(params), jtu.tree_structure(opt))
+    capacity = -(-chunk_size // block) * block
+    run, reusable = _programs.program(_chunk(problem, trees, capacity, block), flat)
+    if block > 1 and not reusable:  # host callbacks: no discarded steps
+        block, capacity = 1, chunk_size
+        run, _ = _programs.program(_chunk(problem, trees, capacity, 1), flat)
+    state_tree = jtu.tree_structure(args[:2])
+    n_state = state_tree.num_leaves
+    from tqdm.auto import tqdm
 
-    done, losses, like = _chunks(
-        run, flat, n_state, out_trees, static, steps, start, block, capacity, progress
-    )
-    params = jtu.tree_unflatten(out_trees[0], flat[:n_params])
-    history = _history(losses, like)
-    result = model if done == 0 else eqx.combine(params, static)
-    if return_state:
-        opt = jtu.tree_unflatten(out_trees[1], flat[n_params:n_state])
-        return result, history, FitState(opt, _step_count(start + done))
-    return result, history
-
-
-def _chunks(
-    run, flat, n_state, out_trees, static, steps, start, block, capacity, progress
-):
-    """Run `steps` steps in chunks of `run`, updating `flat` (the trained and
-    optimiser leaves) in place: progress, Ctrl-C, and the non-finite replay.
-    Returns the steps done, the chunks' losses and the last chunk's buffer."""
-    bar = _progress_bar(progress, steps)
-    losses: list[np.ndarray] = []
-    done, length, like = 0, min(128, capacity), None
+    bar = tqdm(total=steps, unit="step", mininterval=0.25, disable=not progress)
+    losses = [np.zeros((0,), jnp.result_type(float))]
+    done, length, like, replay = 0, min(128, capacity), None, 0
     try:
         while done < steps:
-            n = min(length, steps - done)
+            # (Steps before `replay`: a chunk that was not finite, one at a time.)
+            n = 1 if done < replay else min(length, steps - done)
             began = time.perf_counter()
             flat[-2:] = [np.int32(start + done), np.int32(n)]
             out = run(*flat)
             chunk, finite = np.asarray(out[n_state])[:n], bool(out[n_state + 1])
             if not (finite and np.isfinite(chunk).all()):
-                _raise_non_finite(run, flat, n_state, n, losses, out_trees, static)
-            flat[:n_state] = out[:n_state]
-            like = out[n_state]
+                if n > 1:
+                    replay = done + n
+                    continue
+                params, _ = jtu.tree_unflatten(state_tree, flat[:n_state])
+                raise NonFiniteLossError(
+                    f"fit: the loss or its gradient is not finite at step {done} "
+                    f"(loss = {float(chunk[0])}). Training stopped; the model with "
+                    "the last finite parameters is attached as `error.model`. Lower "
+                    "the learning rate, check the loss for log/sqrt of non-positive "
+                    "values, or constrain the parameters (e.g. `ep.positive`).",
+                    step=done,
+                    model=eqx.combine(params, static),
+                    losses=jnp.asarray(np.concatenate([*losses, chunk])),
+                )
+            flat[:n_state], like = out[:n_state], out[n_state]
             losses.append(chunk)
             done += n
-            if bar is not None:
-                bar.set_postfix(loss=f"{float(chunk[-1]):.6g}", refresh=False)
-                bar.update(n)
-            per_step = (time.perf_counter() - began) / n
-            length = max(block, min(capacity, int(0.25 / max(per_step, 1e-9))))
+            bar.set_postfix(loss=f"{float(chunk[-1]):.6g}", refresh=False)
+            bar.update(n)
+            seconds = max(time.perf_counter() - began, 1e-9)
+            length = max(block, min(capacity, int(0.25 * n / seconds)))
             length -= length % block
     except (KeyboardInterrupt, jax.errors.JaxRuntimeError) as e:
         # A Ctrl-C that lands inside a host callback reaches us wrapped by XLA.
@@ -627,94 +633,9 @@ def _chunks(
             stacklevel=3,  # (the caller of `fit`)
         )
     finally:
-        if bar is not None:
-            bar.close()
-    return done, losses, like
-
-
-def _under_a_trace() -> bool:
-    """Whether `fit` is called while a function is traced into a program
-    (`jax.jit`, `lax.scan`, ...), where even an operation on concrete values
-    gives a tracer: the steps then belong in that program."""
-    return isinstance(jnp.zeros(()), jax.core.Tracer)
-
-
-def _resumed(state: FitState, fresh: PyTree) -> PyTree:
-    """The optimiser state of `state`, checked against a fresh one (`fresh`)
-    and, under a mesh with `Explicit` axes, placed as the fresh one is."""
-    opt, treedef = jtu.tree_flatten(state.opt_state)
-    like, like_treedef = jtu.tree_flatten(fresh)
-    aval = lambda x: (jnp.shape(x), jnp.result_type(x))  # noqa: E731
-    if treedef != like_treedef or list(map(aval, opt)) != list(map(aval, like)):
-        raise ValueError(
-            "fit: `state` does not match this model and optimiser (its "
-            "optimiser state has another structure, shape or dtype). Pass the "
-            "`FitState` of a fit of the same model with the same optimiser, or "
-            "`ep.FitState.init(model, optimiser)`."
-        )
-    step = state.step
-    if jnp.shape(step) != () or not jnp.issubdtype(jnp.result_type(step), jnp.integer):
-        raise ValueError("fit: `state.step` must be an integer scalar.")
-    if not isinstance(step, jax.core.Tracer) and not 0 <= int(step) < 2**31 - 1:
-        raise ValueError(
-            f"fit: `state.step` must be a step count, 0 <= step < 2**31 - 1, got "
-            f"{int(step)}."
-        )
-    return jtu.tree_unflatten(treedef, _sharding.place_like(opt, like))
-
-
-def _traced(problem, model, static, args, start, steps, return_state):
-    """`fit` under a JAX transformation (`jax.jit`, `jax.vmap`, ...): all steps
-    in one `lax.scan` of the caller's program; nothing reaches the host (no bar,
-    no `NonFiniteLossError`: non-finite losses stay in the losses)."""
-    params, opt, losses = _scan(problem, args, start, steps)
-    result = eqx.combine(params, static)
-    if return_state:
-        return result, losses, FitState(opt, _step_count(start + steps))
-    return result, losses
-
-
-def _history(losses: list[np.ndarray], like: Any) -> Array:
-    """The chunks' losses as one array, where the steps ran (`like`, a chunk's
-    losses buffer): replicated over its devices, committed only if it is."""
-    values = np.concatenate([np.zeros((0,), _loss_dtype()), *losses])
-    if like is not None and getattr(like, "committed", False):
-        return jax.device_put(values, like.sharding)
-    return jax.device_put(values)
-
-
-def _raise_non_finite(run, flat, n_state, n, losses, out_trees, static):
-    """Replay a chunk that went non-finite one step at a time from its start:
-    the failing step is the first whose loss, or whose updated parameters (how
-    a non-finite gradient shows), is not finite."""
-    flat, start = list(flat), int(flat[-2])
-    done = sum(map(len, losses))
-    history, i, value = [*losses], 0, np.full(1, np.nan)
-    for i in range(n):
-        flat[-2:] = [np.int32(start + i), np.int32(1)]
-        out = run(*flat)
-        value = np.asarray(out[n_state])[:1]
-        history.append(value)
-        if not (bool(out[n_state + 1]) and np.isfinite(value).all()) or i == n - 1:
-            break
-        flat[:n_state] = out[:n_state]
-    step = done + i
-    params = jtu.tree_unflatten(out_trees[0], flat[: out_trees[0].num_leaves])
-    raise NonFiniteLossError(
-        f"fit: the loss or its gradient is not finite at step {step} "
-        f"(loss = {float(value[0])}). Training stopped; the model with the last "
-        "finite parameters is attached as `error.model`. Lower the learning rate, "
-        "check the loss for log/sqrt of non-positive values, or constrain the "
-        "parameters (e.g. `ep.positive`).",
-        step=step,
-        model=eqx.combine(params, static),
-        losses=jnp.asarray(np.concatenate(history)),
-    )
-
-
-def _progress_bar(progress: bool, steps: int) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=steps, unit="step", mininterval=0.25, file=sys.stderr)
+        bar.close()
+    params, opt = jtu.tree_unflatten(state_tree, flat[:n_state])
+    where = like.sharding if like is not None and like.committed else None
+    history = jax.device_put(np.concatenate(losses), where)
+    result = model if done == 0 else eqx.combine(params, static)
+    return result, history, FitState(opt, jnp.int32(start + done))

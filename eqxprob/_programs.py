@@ -63,12 +63,8 @@ def program(fn: Callable[..., list], args: list) -> tuple[Callable[..., list], b
     # (The text's digest, as JAX's persistent cache keys programs: a key of the
     # text itself would hold every constant of the program twice.)
     key = hashlib.sha256(text.encode()).digest()
-    with _LOCK:
-        found = _PROGRAMS.get(key)
-        if found is not None:
-            _PROGRAMS.move_to_end(key)
-            return found, True
-        made = _PROGRAMS[key] = _jitted(closed, fn)
+    with _LOCK:  # (the program found, or a new one, moved to the end: last used)
+        made = _PROGRAMS[key] = _PROGRAMS.pop(key, None) or _jitted(closed, fn)
         if len(_PROGRAMS) > _MAX:
             _PROGRAMS.popitem(last=False)
     return made, True

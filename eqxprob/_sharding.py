@@ -63,18 +63,14 @@ def rows(data: Array, index: Array) -> Array:
 def place_like(leaves: list, like: list) -> list:
     """`leaves` moved to the shardings of `like` (a fresh optimiser state) where
     those are `Explicit`-mesh shardings and differ; tracers stay as they are."""
-    out = []
-    for x, y in zip(leaves, like):
-        target = getattr(y, "sharding", None)
-        if (
-            isinstance(x, jax.core.Tracer)
-            or explicit_mesh(y) is None
-            or getattr(x, "sharding", None) == target
-        ):
-            out.append(x)
-        else:
-            out.append(jax.device_put(x, target))
-    return out
+    return [
+        x
+        if isinstance(x, jax.core.Tracer)
+        or explicit_mesh(y) is None
+        or getattr(x, "sharding", None) == y.sharding
+        else jax.device_put(x, y.sharding)
+        for x, y in zip(leaves, like)
+    ]
 
 
 def place_together(tree: Any) -> Any:
@@ -84,24 +80,20 @@ def place_together(tree: Any) -> Any:
     their types must agree (the gradient of a contraction over the sharded
     rows, say)."""
     leaves, treedef = jax.tree.flatten(tree)
-    arrays = [x for x in leaves if isinstance(x, jax.Array)]
-    committed = [
-        x for x in arrays if not isinstance(x, jax.core.Tracer) and x.committed
+    concrete = [
+        i
+        for i, x in enumerate(leaves)
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
     ]
-    if not committed or len(committed) == len(arrays):
+    committed = [leaves[i].sharding for i in concrete if leaves[i].committed]
+    loose = [i for i in concrete if not leaves[i].committed]
+    if not committed or not loose:
         return tree
-    sharding = committed[0].sharding
+    sharding = committed[0]
     if isinstance(sharding, jax.sharding.NamedSharding):
         sharding = named(sharding.mesh, [])
     elif not isinstance(sharding, jax.sharding.SingleDeviceSharding):
         return tree
-    loose = [
-        i
-        for i, x in enumerate(leaves)
-        if isinstance(x, jax.Array)
-        and not isinstance(x, jax.core.Tracer)
-        and not x.committed
-    ]
     placed = jax.device_put([leaves[i] for i in loose], sharding)
     for i, x in zip(loose, placed):
         leaves[i] = x

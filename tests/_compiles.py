@@ -14,7 +14,7 @@ class Compilations:
     def __enter__(self):
         self.count = 0
 
-        def listener(event, duration, **kwargs):
+        def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
             if event == self.EVENT:
                 self.count += 1
 

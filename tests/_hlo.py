@@ -13,7 +13,9 @@ import jax
 
 def hlo_op_count(fn: Callable[..., Any], *args: Any) -> int:
     """Number of instructions in the optimised, compiled HLO of `jax.jit(fn)`."""
-    return count_hlo_ops(jax.jit(fn).lower(*args).compile().as_text())
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    assert text is not None  # (None only where the backend cannot print HLO)
+    return count_hlo_ops(text)
 
 
 def count_hlo_ops(hlo: str, loop_body: bool = False) -> int:
@@ -34,10 +36,10 @@ def count_hlo_ops(hlo: str, loop_body: bool = False) -> int:
     if not loop_body:
         return sum(len(lines) for lines in computations.values())
     loops = [
-        re.search(r"body=%([\w.\-]+)", line).group(1)
+        body.group(1)
         for lines in computations.values()
         for line in lines
-        if " while(" in line
+        if " while(" in line and (body := re.search(r"body=%([\w.\-]+)", line))
     ]
     if len(loops) != 1:
         raise ValueError(f"expected one while loop in the HLO, found {len(loops)}")

@@ -220,6 +220,7 @@ def test_tree_at_on_a_parameter(name):
     case = CASES[name]
     wrapped = case.make(case.params, ep.FixedDistrax)
     where = _first_array_where(wrapped)
+    assert where is not None  # (`WITH_ARRAYS`)
     old = where(wrapped)
     new_value = _touch(old) if old.dtype == bool else old * 1.01
     updated = eqx.tree_at(where, wrapped, new_value)

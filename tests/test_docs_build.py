@@ -54,6 +54,7 @@ def test_every_public_name_is_in_the_api_reference():
 
 def test_ep_mentions_become_cross_links_outside_code_blocks():
     spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
     documented = {"fit", "Bijector"}

@@ -628,7 +628,7 @@ def test_numpyro_to_event_returns_a_wrapper_with_gradients():
 
 def test_numpyro_factory_functions_are_refused_with_the_class_to_use():
     with pytest.raises(TypeError, match="factory function.*CategoricalLogits"):
-        ep.FixedDistrax(nd.Categorical, logits=jnp.zeros(3))
+        ep.FixedDistrax(nd.Categorical, logits=jnp.zeros(3))  # pyright: ignore[reportArgumentType]
 
 
 def test_numpyro_serialise_in_process():

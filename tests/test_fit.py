@@ -3,6 +3,7 @@
 import concurrent.futures
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import distrax
 import equinox as eqx
@@ -375,7 +376,7 @@ def test_numpy_integer_steps():
         jnp.array(1.0),
         lambda m: m**2,
         optimiser=optax.sgd(0.1),
-        steps=np.int64(7),
+        steps=np.int64(7),  # pyright: ignore[reportArgumentType]  (typed `int`; any integer runs)
         progress=False,
     )
     assert losses.shape == (7,)
@@ -468,7 +469,7 @@ class _SkipAbove:
     def __init__(self, t):
         self.t = t
 
-    def __call__(self, updates, state, params):
+    def __call__(self, updates, gradient_step, params):
         return self._skip(updates), ()
 
     def _skip(self, updates):
@@ -490,7 +491,7 @@ def test_a_user_object_held_by_a_library_object_changed_in_place_is_seen():
     assert run()[0] == 0.0
 
 
-_HOLDER = optax.MultiSteps(optax.sgd(0.1), 1)
+_HOLDER: Any = optax.MultiSteps(optax.sgd(0.1), 1)  # (given a user's attribute below)
 
 
 def test_a_library_object_reached_by_two_functions_trains_what_both_read():
@@ -546,9 +547,11 @@ def test_minibatch_step_cost_does_not_grow_with_the_rows():
             progress=False,
         )
 
-    def hlo(rows):
+    def hlo(rows) -> str:
         lowered = jax.jit(train).lower(jnp.zeros((rows, 3)), jax.random.key(0))
-        return lowered.compile().as_text()
+        text = lowered.compile().as_text()
+        assert text is not None
+        return text
 
     small, large = hlo(10_000), hlo(1_000_000)
     assert "sort" not in small and "sort" not in large
@@ -561,7 +564,7 @@ def test_fit_under_jit_and_vmap_is_the_eager_fit():
     def loss(x, batch, key):
         return jnp.mean((batch - x) ** 2) + 0.01 * jax.random.normal(key)
 
-    kw = dict(
+    kw: dict[str, Any] = dict(
         optimiser=optax.adam(0.1), steps=25, data=DATA, batch_size=4, progress=False,
         chunk_size=10,
     )  # fmt: skip
@@ -587,7 +590,7 @@ def test_vmap_over_a_value_only_the_loss_reads():
     """The model's arrays concrete, the loss closing over a batched tracer: the
     fit is traced into the vmapped program (it raised a tracer conversion error),
     and each fit reaches its own closed-form optimum with the eager fit's losses."""
-    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+    kw: dict[str, Any] = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
 
     def fit_to(t):
         return ep.fit(jnp.zeros(2), lambda x: jnp.sum((x - t) ** 2), **kw)
@@ -607,7 +610,7 @@ def test_stochastic_loss_gets_a_fresh_key_per_step_reproducibly():
         jax.debug.callback(lambda k: seen.append(float(k)), noise)
         return (m - noise) ** 2
 
-    kwargs = dict(optimiser=optax.sgd(0.01), steps=40, progress=False)
+    kwargs: dict[str, Any] = dict(optimiser=optax.sgd(0.01), steps=40, progress=False)
     a, la = ep.fit(jnp.array(0.0), loss, key=jax.random.key(1), **kwargs)
     first = list(seen)
     seen.clear()
@@ -624,7 +627,7 @@ def test_resuming_equals_one_long_run():
     def loss(m, batch, key):
         return jnp.mean((batch - m) ** 2) + 0.01 * jax.random.normal(key)
 
-    common = dict(
+    common: dict[str, Any] = dict(
         optimiser=optax.adam(0.1), data=DATA, batch_size=3, key=jax.random.key(0),
         progress=False,
     )  # fmt: skip
@@ -644,11 +647,11 @@ def test_an_optimiser_whose_state_starts_from_the_parameters():
         def init(params):
             return params
 
-        def update(grads, anchor, params=None):
+        def update(updates, state, params=None):  # (the state: the anchor)
             step = jax.tree_util.tree_map(
-                lambda g, p, a: -lr * (g + (p - a)), grads, params, anchor
+                lambda g, p, a: -lr * (g + (p - a)), updates, params, state
             )
-            return step, anchor
+            return step, state
 
         return optax.GradientTransformation(init, update)
 
@@ -657,7 +660,7 @@ def test_an_optimiser_whose_state_starts_from_the_parameters():
     expected = x
     for _ in range(40):
         expected = expected - 0.1 * (2 * (expected - 3.0) + (expected - x))
-    kw = dict(optimiser=anchored(0.1), progress=False, chunk_size=16)
+    kw: dict[str, Any] = dict(optimiser=anchored(0.1), progress=False, chunk_size=16)
     trained, _ = ep.fit(x, loss, steps=40, **kw)
     np.testing.assert_allclose(trained, expected, rtol=1e-5)
     half, _, state = ep.fit(x, loss, steps=25, return_state=True, **kw)
@@ -851,14 +854,14 @@ def test_a_loss_that_ignores_the_trainable_parameters_is_an_error():
 def test_changes_to_what_the_loss_reads_are_trained():
     """A fresh compile whenever what the loss reads has changed: globals read in
     a comprehension, attributes of objects, bound methods and callable objects."""
-    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+    kw: dict[str, Any] = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
 
     class Config:
-        pass
+        target: float
 
     config = Config()
     config.target = 1.0
-    loss = lambda x: sum([(x[i] - config.target) ** 2 for i in range(2)])  # noqa: E731
+    loss = lambda x: sum([(x[i] - config.target) ** 2 for i in range(2)], jnp.zeros(()))
     np.testing.assert_allclose(ep.fit(jnp.zeros(2), loss, **kw)[0], 1.0, atol=1e-3)
     config.target = 3.0
     np.testing.assert_allclose(ep.fit(jnp.zeros(2), loss, **kw)[0], 3.0, atol=1e-3)
@@ -971,6 +974,7 @@ def test_every_rebinding_of_what_the_loss_reads_is_trained():
         return jnp.sum((x - t) ** 2)
 
     np.testing.assert_allclose(_trained(keyword), 1.0, atol=1e-3)
+    assert keyword.__kwdefaults__ is not None
     keyword.__kwdefaults__["t"] = 5.0  # changed in place
     np.testing.assert_allclose(_trained(keyword), 5.0, atol=1e-3)
 
@@ -1005,8 +1009,9 @@ def test_an_equal_callable_module_made_afresh_compiles_nothing():
     """An `eqx.Module` made afresh per call with equal fields traces to the same
     program and reuses it; one whose array, large array or function field
     differs trains to its own optimum."""
+    c = Compilations()
     for _ in range(2):
-        with Compilations() as c:
+        with c:
             x = _trained(ToTarget(jnp.array([1.0, 2.0])))
         np.testing.assert_allclose(x, [1, 2], atol=1e-3)
     assert c.count == 0
@@ -1064,6 +1069,8 @@ class Nested(eqx.Module):
 
 class _Scaled(float):
     """A float with an attribute of its own."""
+
+    s: float
 
 
 def test_a_callable_module_trains_what_its_code_reads():
@@ -1129,7 +1136,7 @@ def test_float_leaves_of_the_model_train_by_their_bits():
     """A Python float leaf of the model (not static) is part of the compiled
     program: 0.0 and -0.0 get their own, and a fresh NaN reuses one."""
     loss = lambda m: jnp.sum((m[0] - jnp.arctan2(m[1], -1.0)) ** 2)  # noqa: E731
-    kw = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
+    kw: dict[str, Any] = dict(optimiser=optax.adam(0.1), steps=300, progress=False)
     for c, angle in ((0.0, np.pi), (-0.0, -np.pi)):
         (x, _), _ = ep.fit((jnp.zeros(()), c), loss, **kw)
         np.testing.assert_allclose(x, angle, atol=1e-3)
@@ -1459,7 +1466,7 @@ def test_an_unresolved_bijector_in_arithmetic_says_resolve():
         lambda: 1.0 - node,
         lambda: node * node,
         lambda: -node,
-        lambda: jnp.exp(node),
+        lambda: jnp.exp(node),  # pyright: ignore[reportArgumentType]  (the point)
         lambda: node**2,
     ):
         with pytest.raises(TypeError, match=r"ep\.resolve"):
@@ -1567,7 +1574,7 @@ def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan():
 
 def test_argument_edges_named_clearly():
     loss = lambda m, b: jnp.mean((b - m) ** 2)  # noqa: E731
-    kw = dict(optimiser=optax.sgd(0.1), steps=3, progress=False)
+    kw: dict[str, Any] = dict(optimiser=optax.sgd(0.1), steps=3, progress=False)
     # A batch as large as the data is still drawn with replacement: it needs a
     # key, and a call without a batch and with a key says the key is unused.
     with pytest.raises(ValueError, match="minibatches need a PRNG key"):
@@ -1583,7 +1590,7 @@ def test_argument_edges_named_clearly():
         ep.fit(jnp.array(0.0), loss, data=DATA, chunk_size=10**8, **kw)
     # A TypeError raised inside the loss is the user's own, not relabelled.
     with pytest.raises(TypeError, match="axs") as e:
-        ep.fit(jnp.ones(2), lambda m: jnp.sum(m, axs=0), **kw)
+        ep.fit(jnp.ones(2), lambda m: jnp.sum(m, axs=0), **kw)  # pyright: ignore[reportCallIssue]
     assert "cannot be called" not in str(e.value)
     with pytest.raises(TypeError, match=r"cannot be called as `loss_fn\(model\)`"):
         ep.fit(jnp.ones(2), lambda m, b: jnp.sum(m), **kw)

@@ -48,7 +48,7 @@ class GP(eqx.Module):
     )
     weights: jax.Array = ep.field(constraint=C.simplex)
     chol: jax.Array = ep.field(constraint=C.lower_cholesky)
-    mean: jax.Array
+    mean: jax.Array  # pyright: ignore[reportGeneralTypeIssues]
     jitter: float = eqx.field(static=True, default=1e-6)
 
 
@@ -219,9 +219,9 @@ def test_unknown_constraint_points_at_register_bijector_and_registration_works()
 
 def test_bad_specs_are_rejected():
     with pytest.raises(TypeError, match="`constraint` must be"):
-        ep.ParamSpec(constraint="positive")
+        ep.ParamSpec(constraint="positive")  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError, match="`trainable` must be"):
-        ep.ParamSpec(trainable=1)
+        ep.ParamSpec(trainable=1)  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="`low` must be smaller"):
         C.interval(2.0, 1.0)
     with pytest.raises(TypeError, match="register_bijector takes"):
@@ -257,7 +257,7 @@ def test_prior_without_log_prob_is_an_error_when_declared():
 def test_training_through_constrain_matches_hand_written_gradients():
     class Noise(eqx.Module):
         scale: jax.Array = ep.field(constraint=C.positive)
-        shift: jax.Array
+        shift: jax.Array  # pyright: ignore[reportGeneralTypeIssues]
 
     data = jnp.array([0.3, -1.2, 2.0, 0.7])
 
@@ -427,7 +427,7 @@ def test_specs_on_leaves_that_cannot_train_are_errors():
     with pytest.raises(TypeError, match=r"`n` .* dtype int32"):
         ep.unconstrain(IntLeaf(jnp.array(3)))
     with pytest.raises(TypeError, match=r"`n` .* Python float"):
-        ep.parameterize(IntLeaf(0.5))
+        ep.parameterize(IntLeaf(0.5))  # pyright: ignore[reportArgumentType]
 
 
 def test_numpyro_constraint_and_prior_in_a_field():
@@ -741,7 +741,7 @@ def test_models_of_one_layout_keep_their_own_metadata():
 
     class S(eqx.Module):
         x: jax.Array = ep.field(constraint=C.positive)
-        tag: np.ndarray = eqx.field(static=True)
+        tag: np.ndarray = eqx.field(static=True)  # pyright: ignore[reportGeneralTypeIssues]
 
     v = jnp.array(0.5)
     for _ in range(2):  # the second round reads what the first one stored

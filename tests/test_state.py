@@ -1,4 +1,5 @@
 import re
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -70,7 +71,7 @@ X = jnp.array([1.0, 2.0, 3.0])
 EVENT_STEPS = (3, 7)
 
 
-def make(module, x=X, **kwargs):
+def make(module, x: Any = X, **kwargs):
     return eqx.nn.make_with_state(ep.UpdateOnEvent)(module, x, **kwargs)
 
 
@@ -194,7 +195,7 @@ def test_nested_state_under_vmap():
         for _ in range(3):
             ref_out, ref_state = model(ev, xs[i], ref_state)
             ev = not ev
-        np.testing.assert_array_equal(outs[i], ref_out)
+        np.testing.assert_array_equal(outs[i], ref_out)  # pyright: ignore[reportPossiblyUnboundVariable]  (the loops run)
         for a, b in zip(jtu.tree_leaves(member_state), jtu.tree_leaves(ref_state)):
             np.testing.assert_array_equal(a, b)
     # Batched events become a select: no `cond` survives.
@@ -283,7 +284,11 @@ def test_inner_module_runs_only_on_events():
 
     @jax.jit
     def run(state, events):
-        return lax.scan(lambda s, e: model(e, X, s)[::-1], state, events)
+        def body(s, e):
+            out, s = model(e, X, s)
+            return s, out
+
+        return lax.scan(body, state, events)
 
     jax.block_until_ready(run(state, events))
     jax.effects_barrier()
@@ -384,7 +389,7 @@ def test_integer_output_needs_initial_output():
         make(IntCounter(), initial_output=0.5)
     model, state = make(IntCounter(), initial_output=-1)
     out, _ = model(False, X, state)
-    assert out == -1 and out.dtype == jnp.int32
+    assert out.dtype == jnp.int32 and out == -1
 
 
 def test_initial_output_wrong_shape_or_structure():

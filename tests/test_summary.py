@@ -16,7 +16,7 @@ class Kernel(eqx.Module):
     period: jax.Array = ep.field(
         constraint=ep.constraints.interval(1.0, 5.0), trainable=False
     )
-    weights: jax.Array
+    weights: jax.Array  # pyright: ignore[reportGeneralTypeIssues]  (`ep.field` sets no default)
 
 
 class Model(eqx.Module):

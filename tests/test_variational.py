@@ -2,6 +2,8 @@
 posteriors of conjugate Gaussian models, hand-written Monte Carlo, numpyro's
 `AutoNormal` + `Trace_ELBO`."""
 
+from typing import Any
+
 import distrax
 import equinox as eqx
 import jax
@@ -111,7 +113,7 @@ def test_full_rank_optimum_is_the_exact_posterior():
 
         q = ep.guide(Regression(jnp.zeros(2)), "full_rank")
         schedule = optax.exponential_decay(0.05, 3000, 0.01)
-        common = dict(progress=False, key=jax.random.key(0))
+        common: dict[str, Any] = dict(progress=False, key=jax.random.key(0))
         q, _ = ep.fit(q, loss(16), optimiser=optax.adam(schedule), steps=3000, **common)
         schedule = optax.exponential_decay(2e-3, 3000, 0.05)
         q, _ = ep.fit(
@@ -137,7 +139,7 @@ def test_guides_of_equal_models_share_their_compiled_fit():
     def loss(q, key):
         return -ep.elbo(q, _loglik(x, y), key, num_samples=16)
 
-    kw = dict(optimiser=optax.adam(0.05), steps=600, progress=False)
+    kw: dict[str, Any] = dict(optimiser=optax.adam(0.05), steps=600, progress=False)
     mean, _ = _posterior()
     starts = (jnp.zeros(2), jnp.zeros(2), jnp.zeros(2), jnp.array([5.0, -5.0]))
     for i, start in enumerate(starts):
@@ -147,14 +149,14 @@ def test_guides_of_equal_models_share_their_compiled_fit():
         np.testing.assert_allclose(q.loc, mean, atol=0.1)
         if i >= 2:  # a fresh guide of an equal model, of another start
             assert c.count == 0
-    assert hash(ep.guide(Regression(jnp.zeros(2))).randoms) == hash(q.randoms)
+    assert hash(ep.guide(Regression(jnp.zeros(2))).randoms) == hash(q.randoms)  # pyright: ignore[reportPossiblyUnboundVariable]
 
 
 class Rate(eqx.Module):
     rate: jax.Array = ep.field(
         constraint=ep.constraints.positive, prior=distrax.Gamma(3.0, 2.0)
     )
-    offset: jax.Array  # no prior: a point estimate
+    offset: jax.Array  # pyright: ignore[reportGeneralTypeIssues]  (no prior: a point estimate; `ep.field` sets no default)
     period: jax.Array = ep.field(
         constraint=ep.constraints.positive,
         trainable=False,
@@ -256,8 +258,8 @@ def test_mean_field_elbo_matches_numpyro_autonormal():
     ours = ep.elbo(q, loglik, jax.random.key(0), num_samples=50_000)
     auto = AutoNormal(np_model)
     params = {"w_auto_loc": loc, "w_auto_scale": scale}
-    theirs = -Trace_ELBO(num_particles=50_000).loss(
-        jax.random.key(1), params, np_model, auto
+    theirs = -np.asarray(
+        Trace_ELBO(num_particles=50_000).loss(jax.random.key(1), params, np_model, auto)
     )
     np.testing.assert_allclose(ours, theirs, atol=0.05)
 
@@ -304,7 +306,7 @@ BAD = {
         "no parameter of the model has a prior",
     ),
     "family": (
-        lambda: ep.guide(Regression(jnp.zeros(2)), "diagonal"),
+        lambda: ep.guide(Regression(jnp.zeros(2)), "diagonal"),  # pyright: ignore[reportArgumentType]
         TypeError,
         "`family` must be",
     ),
@@ -314,7 +316,7 @@ BAD = {
         "`init_scale` must be > 0",
     ),
     "not a guide": (
-        lambda: ep.elbo(Regression(jnp.zeros(2)), _loglik(X, Y), jax.random.key(0)),
+        lambda: ep.elbo(Regression(jnp.zeros(2)), _loglik(X, Y), jax.random.key(0)),  # pyright: ignore[reportArgumentType]
         TypeError,
         "must come from `ep.guide`",
     ),
@@ -331,7 +333,7 @@ BAD = {
     "vector likelihood": (
         lambda: ep.elbo(
             ep.guide(Regression(jnp.zeros(2))),
-            lambda m: distrax.Normal(jnp.ones((5, 2)) @ m.w, 1.0).log_prob(0.0),
+            lambda m: distrax.Normal(jnp.ones((5, 2)) @ m.w, 1.0).log_prob(0.0),  # pyright: ignore[reportArgumentType]
             jax.random.key(0),
         ),
         TypeError,
@@ -360,8 +362,11 @@ def test_guide_checks_found_by_the_red_team():
     assert jax.vmap(q.log_prob)(draws).shape == (5,)
     with pytest.raises(ValueError, match="`rank` must be a positive integer"):
         ep.guide(Regression(jnp.zeros(2)), "low_rank", rank=0)
-    ep.guide(Regression(jnp.zeros(2)), init_scale=np.float32(0.2))
+    ep.guide(Regression(jnp.zeros(2)), init_scale=np.float32(0.2))  # pyright: ignore[reportArgumentType]  (NumPy scalars run too)
     value = ep.elbo(
-        q, lambda m: jnp.sum(m.rate), jax.random.key(0), num_samples=np.int64(3)
+        q,
+        lambda m: jnp.sum(m.rate),
+        jax.random.key(0),
+        num_samples=np.int64(3),  # pyright: ignore[reportArgumentType]
     )
     assert np.isfinite(value)

@@ -6,7 +6,7 @@ import subprocess
 from _processes import run_python
 
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = pathlib.Path(__file__).resolve().parent
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
