@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # newer pyright (a network call).
 PYRIGHT := PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
-.PHONY: demo test smoke-lowest lint format bench docs clean
+.PHONY: demo test bench-smoke smoke-lowest lint format bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
 	$(BIN)/python -m pytest -n 2
+
+# The benchmark scripts run (--quick) and their variants agree; not timed, and out of
+# `make test` (CI runs it once, in .ci/run).
+bench-smoke: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n 2 benchmarks/test_smoke.py
 
 # Proves the dependency floors in pyproject.toml: resolves the lowest versions of
 # the direct dependencies (`uv pip compile --resolution lowest-direct`), installs
