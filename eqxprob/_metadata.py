@@ -105,14 +105,8 @@ class ParamSpec:
     def merged(self, base: ParamSpec | None) -> ParamSpec:
         """This spec over `base`: each attribute from `self` where set, else from
         `base` (an override merged over a field's own metadata)."""
-        if base is None:
-            return self
-        pick = lambda name: (  # noqa: E731
-            getattr(self, name)
-            if getattr(self, name) is not None
-            else getattr(base, name)
-        )
-        return ParamSpec(*(pick(f.name) for f in dataclasses.fields(ParamSpec)))
+        set_here = {k: v for k, v in vars(self).items() if v is not None}
+        return self if base is None else dataclasses.replace(base, **set_here)
 
     @property
     def annotated(self) -> bool:
@@ -125,19 +119,11 @@ class ParamSpec:
 
     def transform(self) -> Any:
         """`bijector`, else the constraint's default bijector, else the identity."""
-        cached = self.__dict__.get("_transform")
-        if cached is None:
-            if self.bijector is not None:
-                cached = _transforms.as_transform(self.bijector, "ParamSpec")
-            elif self.constraint is not None:
-                cached = _constraint.default_bijector(self.constraint)
-            else:
-                cached = _transforms.Identity()
-            # Not cached when built under a trace (its bounds would be tracers,
-            # leaked into later calls).
-            if not any(map(_errors.is_traced, jtu.tree_leaves(cached))):
-                object.__setattr__(self, "_transform", cached)
-        return cached
+        if self.bijector is not None:
+            return _transforms.as_transform(self.bijector, "ParamSpec")
+        if self.constraint is not None:
+            return _constraint.default_bijector(self.constraint)
+        return _transforms.Identity()
 
     @property
     def probe(self) -> bool:
@@ -181,11 +167,8 @@ def field(
     assert jnp.allclose(ep.constrain(raw).variance, 2.0)
     ```
     """
-    spec = ParamSpec(
-        bijector=bijector, constraint=constraint, prior=prior, trainable=trainable
-    )
-    metadata = dict(kwargs.pop("metadata", None) or {})
-    metadata[_METADATA_KEY] = spec
+    spec = ParamSpec(bijector, constraint, prior, trainable)
+    metadata = {**(kwargs.pop("metadata", None) or {}), _METADATA_KEY: spec}
     return eqx.field(metadata=metadata, **kwargs)
 
 
@@ -196,55 +179,23 @@ def label_of(path: tuple) -> str:
     return jtu.keystr(path).lstrip(".") or "(root)"
 
 
-@functools.lru_cache(maxsize=4096)
-def _class_specs(cls: type) -> dict[str, ParamSpec]:
-    """`{field name: spec}` of a dataclass type's annotated fields."""
-    if not dataclasses.is_dataclass(cls):
-        return {}
-    specs = {f.name: f.metadata.get(_METADATA_KEY) for f in dataclasses.fields(cls)}
-    return {name: spec for name, spec in specs.items() if spec is not None}
-
-
-def _field_spec(node: Any, name: str) -> ParamSpec | None:
-    return _class_specs(type(node)).get(name)
-
-
-def _child(node: Any, key: Any) -> Any:
-    if isinstance(key, jtu.GetAttrKey):
-        return getattr(node, key.name)
-    if isinstance(key, (jtu.SequenceKey, jtu.DictKey)):
-        return node[key.idx if isinstance(key, jtu.SequenceKey) else key.key]
-    return None  # a custom node: metadata below it is not read
-
-
-def _step(spec: ParamSpec | None, node: Any, key: Any) -> tuple[Any, Any]:
-    """`(spec, child)` one key down: a field's metadata annotates its subtree."""
-    if node is None:
-        return spec, None
-    if isinstance(key, jtu.GetAttrKey):
-        spec = _field_spec(node, key.name) or spec
-    return spec, _child(node, key)
-
-
 def _metadata_specs(model: Any, paths: list) -> list[ParamSpec | None]:
-    """The innermost field metadata along each path. Each parent is walked to
-    once (`memo`): the leaves of one list or array field share it."""
-    memo: dict[tuple, tuple[Any, Any]] = {(): (None, model)}
-
-    def at(path: tuple) -> tuple[Any, Any]:
-        got = memo.get(path)
-        if got is None:
-            spec, node = at(path[:-1])
-            got = memo[path] = _step(spec, node, path[-1])
-        return got
-
-    def spec_at(path: tuple) -> ParamSpec | None:
-        if not path:
-            return None
-        spec, node = at(path[:-1])
-        return _step(spec, node, path[-1])[0]
-
-    return [spec_at(path) for path in paths]
+    """The innermost field metadata along each path (a field's metadata annotates
+    its subtree; nothing is read below a custom node)."""
+    specs = []
+    for path in paths:
+        spec, node = None, model
+        for key in path:
+            if isinstance(key, jtu.GetAttrKey):
+                f = getattr(type(node), "__dataclass_fields__", {}).get(key.name)
+                spec = getattr(f, "metadata", {}).get(_METADATA_KEY) or spec
+                node = getattr(node, key.name)
+            elif isinstance(key, (jtu.SequenceKey, jtu.DictKey)):
+                node = node[key.idx if isinstance(key, jtu.SequenceKey) else key.key]
+            else:
+                break
+        specs.append(spec)
+    return specs
 
 
 def unparameterized(model: Any) -> list[str]:
@@ -258,34 +209,25 @@ def unparameterized(model: Any) -> list[str]:
 
     pairs = jtu.tree_flatten_with_path(model, is_leaf=stop)[0]
     paths = [path for path, x in pairs if eqx.is_inexact_array(x)]
-    labels = []
-    for path, spec in zip(paths, _metadata_specs(model, paths)):
-        if spec is not None and (
-            not spec.is_trainable
-            or (
-                spec.annotated
-                and not isinstance(spec.transform(), _transforms.Identity)
-            )
-        ):
-            labels.append(label_of(path))
-    return labels
+    return [
+        label_of(path)
+        for path, spec in zip(paths, _metadata_specs(model, paths))
+        if spec is not None
+        and not (
+            spec.is_trainable and isinstance(spec.transform(), _transforms.Identity)
+        )
+    ]
 
 
-def hashable_overrides(overrides: Any) -> tuple:
-    """`overrides` as a tuple of `(label, spec)` pairs: a static value (specs
-    hash by identity) that every registry function accepts."""
-    if not isinstance(overrides, WhereDict):
-        overrides = WhereDict(overrides)
-    return tuple(overrides.items())
-
-
-def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]:
-    if overrides is None:
-        return []
-    if not isinstance(overrides, WhereDict):
-        overrides = WhereDict(overrides)
+def entries(model: Any, overrides: Any) -> tuple[list, Any]:
+    """`(path, spec, item)` for every leaf or parameter node of `model` (one
+    flatten, nodes as single items), and the treedef. An override selecting a
+    node is merged over the spec of every item below it, deeper ones last."""
+    pairs, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+    paths = [path for path, _ in pairs]
+    specs = _metadata_specs(model, paths)
     found: dict[tuple, tuple[str, ParamSpec]] = {}
-    for where, spec in overrides.where_items():
+    for where, spec in WhereDict(() if overrides is None else overrides).where_items():
         label = where_labels(where)
         if not isinstance(spec, ParamSpec):
             raise TypeError(
@@ -299,51 +241,30 @@ def _override_specs(model: Any, overrides: Any) -> list[tuple[tuple, ParamSpec]]
                 f"same node `{label_of(path)}`. Give it one entry."
             )
         found[path] = (label, spec)
-    # Deeper overrides are more specific: merge them last.
-    return sorted(
-        ((path, spec) for path, (_, spec) in found.items()), key=lambda e: len(e[0])
-    )
+    for prefix, (_, spec) in sorted(found.items(), key=lambda e: len(e[0])):
+        for i, path in enumerate(paths):
+            if tuple(path[: len(prefix)]) == prefix:
+                specs[i] = spec.merged(specs[i])
+    return [(p, spec, x) for p, spec, (_, x) in zip(paths, specs, pairs)], treedef
 
 
-def _structure(model: Any) -> tuple[list, Any, list, list]:
-    """`(items, treedef, paths, specs)`: one flatten, parameter nodes as items."""
-    pairs, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
-    paths = [path for path, _ in pairs]
-    items = [item for _, item in pairs]
-    return items, treedef, paths, _metadata_specs(model, paths)
-
-
-def entries(model: Any, overrides: Any) -> tuple[list, Any]:
-    """`(path, spec, item)` for every leaf or parameter node of `model` (one
-    flatten, nodes as single items), and the treedef."""
-    items, treedef, paths, specs = _structure(model)
-    found = _override_specs(model, overrides)
-    if found:
-        for prefix, spec in found:
-            n = len(prefix)
-            for i, path in enumerate(paths):
-                if tuple(path[:n]) == prefix:
-                    specs[i] = spec.merged(specs[i])
-    return list(zip(paths, specs, items)), treedef
-
-
-def _map(model: Any, overrides: Any, fn: Callable, inside: Callable) -> PyTree:
-    """`fn(label, spec, leaf)` at every leaf, `inside(label, spec, node)` at every
-    parameter node, rebuilt with `model`'s structure."""
+def _map(
+    model: Any, overrides: Any, leaf: Callable, node: Callable | None = None, fill=None
+) -> PyTree:
+    """`leaf(label, spec, x)` at every leaf and `node(label, spec, x)` at every
+    parameter node (without `node`, each leaf inside it becomes `fill`), rebuilt
+    with `model`'s structure."""
+    node = node or (lambda label, spec, x: jtu.tree_map(lambda _: fill, x))
     items, treedef = entries(model, overrides)
     out = [
-        (inside if _parameter.is_node(item) else fn)(label_of(path), spec, item)
-        for path, spec, item in items
+        (node if _parameter.is_node(x) else leaf)(label_of(path), spec, x)
+        for path, spec, x in items
     ]
     return jtu.tree_unflatten(treedef, out)
 
 
 def _named(label: str) -> str:
     return f"Parameter `{label}`"
-
-
-def _none_inside(label: str, spec: Any, node: Any) -> Any:
-    return jtu.tree_map(lambda _: None, node)
 
 
 def is_parameter_leaf(
@@ -360,11 +281,9 @@ def is_parameter_leaf(
                 "parameters must be real."
             )
         return True
-    kind = (
-        f"an array of dtype {leaf.dtype}"
-        if eqx.is_array(leaf)
-        else f"a Python {type(leaf).__name__}"
-    )
+    kind = f"a Python {type(leaf).__name__}"
+    if eqx.is_array(leaf):
+        kind = f"an array of dtype {leaf.dtype}"
     raise TypeError(
         f"Parameter `{label}` has a constraint or bijector but is {kind}, which is "
         "never trained (Python numbers are static under `eqx.filter_jit`, integer "
@@ -373,15 +292,23 @@ def is_parameter_leaf(
     )
 
 
-def _check_node(label: str, spec: ParamSpec | None, node: Any) -> None:
-    """A node in an annotated field: its value must lie in the constraint, and so
+def _check_node(label: str, spec: ParamSpec | None, node: Any) -> Any:
+    """`node`, in an annotated field: its value must lie in the constraint, and so
     must its bijector's outputs near its parameter (training moves it)."""
-    if spec is None or spec.constraint is None:
-        return
-    _constraint.validate(spec.constraint, _parameter.resolve(node), _named(label))
-    if _parameter.is_bijector(node) and eqx.is_inexact_array(node.param):
-        transform = _parameter.resolve(node.transform)
-        _parameter.probe_range(transform, node.param, spec.constraint, _named(label))
+    if spec is not None and spec.constraint is not None:
+        named = _named(label)
+        _constraint.validate(spec.constraint, _parameter.resolve(node), named)
+        if _parameter.is_bijector(node) and eqx.is_inexact_array(node.param):
+            transform = _parameter.resolve(node.transform)
+            _parameter.probe_range(transform, node.param, spec.constraint, named)
+    return node
+
+
+def _raw(label: str, spec: ParamSpec, x: Any, transform: Any) -> Any:
+    """`x` in unconstrained space (checked against the constraint)."""
+    return _parameter.to_unconstrained(
+        x, transform, spec.constraint, _named(label), probe=spec.probe
+    )
 
 
 def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -418,7 +345,7 @@ def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
     assert specs.weight is None and specs.bias.trainable is False
     ```
     """
-    return _map(model, overrides, lambda label, spec, leaf: spec, _none_inside)
+    return _map(model, overrides, lambda label, spec, leaf: spec)
 
 
 def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -452,8 +379,7 @@ def bijector_tree(model: PyTree, overrides: Any = None) -> PyTree:
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
         return spec.transform() if is_parameter_leaf(spec, label, x) else identity
 
-    inside = lambda label, spec, node: jtu.tree_map(lambda _: identity, node)  # noqa: E731
-    return _map(model, overrides, leaf, inside)
+    return _map(model, overrides, leaf, fill=identity)
 
 
 def prior_tree(model: PyTree, overrides: Any = None) -> PyTree:
@@ -486,12 +412,7 @@ def prior_tree(model: PyTree, overrides: Any = None) -> PyTree:
     assert priors.shift is None
     ```
     """
-    return _map(
-        model,
-        overrides,
-        lambda label, spec, leaf: None if spec is None else spec.prior,
-        _none_inside,
-    )
+    return _map(model, overrides, lambda label, spec, x: getattr(spec, "prior", None))
 
 
 def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
@@ -533,19 +454,9 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
         if not is_parameter_leaf(spec, label, x):
             return x
-        return _parameter.to_unconstrained(
-            x,
-            spec.transform(),
-            spec.constraint,
-            _named(label),
-            probe=spec.probe,
-        )
+        return _raw(label, spec, x, spec.transform())
 
-    def node(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        _check_node(label, spec, x)
-        return x
-
-    return _map(model, overrides, leaf, node)
+    return _map(model, overrides, leaf, _check_node)
 
 
 def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
@@ -584,7 +495,7 @@ def constrain(raw_model: PyTree, overrides: Any = None) -> PyTree:
             _parameter.probe_range(transform, u, spec.constraint, _named(label))
         return _errors.as_float(_transforms.forward(transform, u), label)
 
-    return _map(raw_model, overrides, leaf, lambda label, spec, node: node)
+    return _map(raw_model, overrides, leaf, lambda label, spec, x: x)
 
 
 def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
@@ -619,42 +530,17 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
     ```
     """
 
-    def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        if is_parameter_leaf(spec, label, x):
+    def one(label: str, spec: ParamSpec | None, x: Any) -> Any:
+        if _parameter.is_node(x):
+            _check_node(label, spec, x)
+        elif is_parameter_leaf(spec, label, x):
             transform = spec.transform()
-            param = _parameter.to_unconstrained(
-                x,
-                transform,
-                spec.constraint,
-                _named(label),
-                probe=spec.probe,
-            )
-            x = _parameter.Bijector(param, transform)
-        if (
-            spec is not None
-            and not spec.is_trainable
-            and (eqx.is_array(x) or _parameter.is_node(x))
-        ):
-            x = _parameter.frozen(x)
-        return x
+            x = _parameter.Bijector(_raw(label, spec, x, transform), transform)
+        if spec is None or spec.is_trainable or isinstance(x, _parameter.Frozen):
+            return x
+        return _parameter.frozen(x) if eqx.is_array(x) or _parameter.is_node(x) else x
 
-    def node(label: str, spec: ParamSpec | None, x: Any) -> Any:
-        _check_node(label, spec, x)
-        if (
-            spec is not None
-            and not spec.is_trainable
-            and not isinstance(x, _parameter.Frozen)
-        ):
-            return _parameter.frozen(x)
-        return x
-
-    return _map(model, overrides, leaf, node)
-
-
-def _shape(shape: Any) -> tuple[int, ...]:
-    return tuple(
-        int(d) for d in (shape.as_list() if hasattr(shape, "as_list") else shape)
-    )
+    return _map(model, overrides, one, one)
 
 
 def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
@@ -703,23 +589,16 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     parameter's (a scalar parameter under a prior of batch shape `(3,)` would be
     counted three times).
     """
-    scored = [
-        (path, spec.prior, item)
+    terms = [
+        score_prior(label_of(path), spec.prior, _parameter.resolve(item))
         for path, spec, item in entries(model, overrides)[0]
         if spec is not None and spec.prior is not None
-    ]
-    terms = [
-        score_prior(label_of(path), prior, _parameter.resolve(item))
-        for path, prior, item in scored
     ]
     if not terms:
         return jnp.zeros(())
     # Summed in the widest dtype among the terms (no implicit promotion).
     dtype = max((t.dtype for t in terms), key=lambda d: np.dtype(d).itemsize)
-    total = terms[0].astype(dtype)
-    for term in terms[1:]:
-        total = total + term.astype(dtype)
-    return total
+    return functools.reduce(jnp.add, [t.astype(dtype) for t in terms])
 
 
 def in_dtype(prior: Any, dtype: Any) -> Any:
@@ -728,24 +607,21 @@ def in_dtype(prior: Any, dtype: Any) -> Any:
     never silently promotes a float64 parameter's log-density, nor a float64
     prior a float32 one. A raw prior that needs a cast is wrapped first; one that
     cannot be wrapped is returned unchanged."""
-    if all(map(_fits(dtype), jtu.tree_leaves(prior))):
+
+    def cast(x: Any) -> bool:
+        return (
+            eqx.is_array(x)
+            and jnp.issubdtype(x.dtype, jnp.floating)
+            and x.dtype != dtype
+        )
+
+    if not any(map(cast, jtu.tree_leaves(prior))):
         return prior
     try:
         wrapped = FixedDistrax.from_instance(prior)
     except TypeError:
         return prior
-    return jtu.tree_map(lambda x: x if _fits(dtype)(x) else x.astype(dtype), wrapped)
-
-
-def _fits(dtype: Any) -> Callable[[Any], bool]:
-    """Whether a leaf needs no cast to `dtype`: not a float array, or already it."""
-    return lambda x: (
-        not (
-            eqx.is_array(x)
-            and jnp.issubdtype(x.dtype, jnp.floating)
-            and x.dtype != dtype
-        )
-    )
+    return jtu.tree_map(lambda x: x.astype(dtype) if cast(x) else x, wrapped)
 
 
 def score_prior(label: str, prior: Any, value: Any) -> Array:
@@ -755,7 +631,8 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
     value = jnp.asarray(value)
     if jnp.issubdtype(value.dtype, jnp.floating):
         prior = in_dtype(prior, value.dtype)
-    event = _shape(prior.event_shape)
+    event = prior.event_shape
+    event = tuple(int(d) for d in getattr(event, "as_list", lambda: event)())
     if value.ndim < len(event) or value.shape[value.ndim - len(event) :] != event:
         raise ValueError(
             f"The prior of `{label}` has event shape {event}, but the parameter "
@@ -768,11 +645,10 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
         # and the library is not asked (numpyro warns, TFP with validate_args
         # raises); only the shape of its answer is needed, for the check below.
         outside = ok is not None and not _errors.is_traced(ok) and not np.all(ok)
-        if outside:
-            shaped = jax.ShapeDtypeStruct(value.shape, value.dtype)
-            lp = jax.eval_shape(prior.log_prob, shaped)
-        else:
-            lp = prior.log_prob(value)
+        shaped = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        lp = (
+            jax.eval_shape(prior.log_prob, shaped) if outside else prior.log_prob(value)
+        )
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"The prior of `{label}` cannot score the parameter (shape "
@@ -786,18 +662,9 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
             "parameter more than once. Give the prior the parameter's shape (or "
             "a scalar one)."
         )
+    # Summed in at least float32 (bfloat16 and float16 lose whole units over a
+    # few hundred terms), `-inf` outside the support.
+    dtype = lp.dtype if np.dtype(lp.dtype).itemsize >= 4 else jnp.float32
     if outside:
-        return jnp.full((), -jnp.inf, _sum_dtype(lp.dtype))
-    return _sum_in_support(lp, ok)
-
-
-def _sum_in_support(lp: Array, ok: Array | None) -> Array:
-    """The sum of log-densities, `-inf` where `ok` (the support) is False."""
-    lp = lp if ok is None else jnp.where(ok, lp, -jnp.inf)
-    return jnp.sum(lp, dtype=_sum_dtype(lp.dtype))
-
-
-def _sum_dtype(dtype: Any) -> Any:
-    """Log-densities are summed in at least float32 (bfloat16 and float16 lose
-    whole units over a few hundred terms)."""
-    return dtype if np.dtype(dtype).itemsize >= 4 else jnp.float32
+        return jnp.full((), -jnp.inf, dtype)
+    return jnp.sum(lp if ok is None else jnp.where(ok, lp, -jnp.inf), dtype=dtype)

@@ -31,8 +31,7 @@ def _call(module: Any, x: Any, state: eqx.nn.State) -> tuple[Any, eqx.nn.State]:
                 "`example_input=(True, inner_x)` when building the outer one; got "
                 f"a {type(x).__name__}."
             )
-        inner_event, inner_x = x
-        return module(inner_event, inner_x, state)
+        return module(*x, state)
     return module(x, state)
 
 
@@ -58,31 +57,24 @@ def _fill(value: ArrayLike, struct: jax.ShapeDtypeStruct) -> Array:
             else:
                 same = np.array_equal(cast.astype(v.dtype), v, equal_nan=True)
         if not same:
-            _unrepresentable(v, struct)
-        value = jnp.asarray(cast)
+            nan = np.issubdtype(v.dtype, np.floating) and np.isnan(v).any()
+            hint = " (`nan` is the default, and is only possible for floating outputs)"
+            raise ValueError(
+                f"{_PREFIX}`initial_output` = {v} cannot be represented in the dtype "
+                f"{jnp.dtype(struct.dtype).name} of the wrapped module's output"
+                f"{hint if nan else ''}. Pass a value that can, e.g. "
+                f"`initial_output={'False' if cast.dtype == np.bool_ else '-1'}`."
+            )
+        value = cast
     value = jnp.asarray(value)
-    cast = value.astype(struct.dtype)
     try:
-        return jnp.broadcast_to(cast, struct.shape)
+        return jnp.broadcast_to(value.astype(struct.dtype), struct.shape)
     except ValueError:
         raise ValueError(
             f"{_PREFIX}`initial_output` has shape {value.shape}, which does not "
             f"broadcast to the wrapped module's output shape {struct.shape}. Pass a "
             "scalar, or an array of the output's shape."
         ) from None
-
-
-def _unrepresentable(value: np.ndarray, struct: jax.ShapeDtypeStruct) -> None:
-    """Raise: `value` does not survive a cast to `struct`'s dtype."""
-    nan = np.issubdtype(value.dtype, np.floating) and np.isnan(value).any()
-    hint = " (`nan` is the default, and is only possible for floating outputs)"
-    example = "False" if jnp.dtype(struct.dtype) == jnp.bool_ else "-1"
-    raise ValueError(
-        f"{_PREFIX}`initial_output` = {value} cannot be represented in the dtype "
-        f"{jnp.dtype(struct.dtype).name} of the wrapped module's output"
-        f"{hint if nan else ''}. Pass a value that can, e.g. "
-        f"`initial_output={example}`."
-    )
 
 
 def _check_event(event: Any) -> bool | BoolScalarLike:
@@ -189,23 +181,23 @@ class UpdateOnEvent(eqx.Module):
                 error = ValueError(message)
             raise error from e
         leaves, treedef = jtu.tree_flatten(struct)
-        for leaf in leaves:
-            if not isinstance(leaf, jax.ShapeDtypeStruct):
-                raise TypeError(
-                    f"{_PREFIX}the wrapped module must return a PyTree of JAX arrays "
-                    f"as its output, but it returned a {type(leaf).__name__}. Wrap "
-                    "it in `jnp.asarray`."
-                )
+        bad = [
+            type(x).__name__ for x in leaves if not isinstance(x, jax.ShapeDtypeStruct)
+        ]
+        if bad:
+            raise TypeError(
+                f"{_PREFIX}the wrapped module must return a PyTree of JAX arrays "
+                f"as its output, but it returned a {bad[0]}. Wrap it in `jnp.asarray`."
+            )
         init_leaves, init_treedef = jtu.tree_flatten(initial_output)
-        if init_treedef == treedef:
-            init = [_fill(v, s) for v, s in zip(init_leaves, leaves)]
-        elif init_treedef.num_leaves == 1 and init_treedef.num_nodes == 1:
-            init = [_fill(init_leaves[0], s) for s in leaves]
-        else:
+        if init_treedef.num_leaves == 1 and init_treedef.num_nodes == 1:
+            init_leaves = init_leaves * len(leaves)  # one value for every array
+        elif init_treedef != treedef:
             raise ValueError(
                 f"{_PREFIX}`initial_output` must be a single value or a PyTree of the "
                 f"output's structure {treedef}, but got structure {init_treedef}."
             )
+        init = [_fill(v, s) for v, s in zip(init_leaves, leaves)]
         self.module = module
         self.output_index = eqx.nn.StateIndex(jtu.tree_unflatten(treedef, init))
 
@@ -239,17 +231,14 @@ class UpdateOnEvent(eqx.Module):
                     f"on `example_input` it returned [{_describe(old[0])}]. Call it "
                     "with inputs shaped like `example_input`."
                 )
-            output = jtu.tree_map(
-                lambda a, b: jnp.asarray(a, b.dtype), output, previous
-            )
-            return output, inner_state
+            cast = jtu.tree_map(lambda a, b: jnp.asarray(a, b.dtype), output, previous)
+            return cast, inner_state
 
         def keep(inner_state):
             return previous, inner_state
 
         if isinstance(event, bool):
-            output, inner_state = update(inner_state) if event else keep(inner_state)
+            output, inner_state = (update if event else keep)(inner_state)
         else:
             output, inner_state = jax.lax.cond(event, update, keep, inner_state)
-        state = state.update(inner_state)
-        return output, state.set(self.output_index, output)
+        return output, state.update(inner_state).set(self.output_index, output)

@@ -23,18 +23,6 @@ from . import _metadata, _parameter, _transforms
 from ._wrappers import FixedDistrax
 
 
-_COLUMNS = (
-    "path",
-    "shape",
-    "dtype",
-    "value",
-    "constraint",
-    "bijector",
-    "prior",
-    "trainable",
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One parameter: every field is a display string except `trainable`."""
@@ -47,6 +35,9 @@ class Row:
     bijector: str
     prior: str
     trainable: bool
+
+
+_COLUMNS = tuple(f.name for f in dataclasses.fields(Row))
 
 
 class Summary:
@@ -80,8 +71,7 @@ class Summary:
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
-    def __repr__(self) -> str:
-        return str(self)
+    __repr__ = __str__
 
     def print(self) -> None:
         """Print the table: with `rich` where it is installed, else as text."""
@@ -133,8 +123,7 @@ def _distribution(prior: Any) -> str:
             for k, v in prior.arguments.items()
             if eqx.is_array(v) or isinstance(v, (int, float))
         ]
-        args = ", ".join(shown)
-        return f"{prior.cls.__name__}({args})"
+        return f"{prior.cls.__name__}({', '.join(shown)})"
     return type(prior).__name__
 
 
@@ -175,42 +164,33 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     ```
     """
     rows = []
-    items, _ = _metadata.entries(model, overrides)
-    for path, spec, item in items:
+    for path, spec, item in _metadata.entries(model, overrides)[0]:
         label = _metadata.label_of(path)
-        constraint = (
-            "" if spec is None or spec.constraint is None else repr(spec.constraint)
-        )
-        constraint = constraint.removeprefix("constraints.")
-        prior = _distribution(None if spec is None else spec.prior)
         if _parameter.is_node(item):
             frozen = isinstance(item, _parameter.Frozen)
             inner = item.value if frozen else item
-            value = _parameter.resolve(item)
-            bijector = (
-                _transforms.describe(_parameter.resolve(inner.transform))
-                if _parameter.is_bijector(inner)
-                else ""
-            )
-            trainable = not frozen and _parameter.is_bijector(inner)
+            value, trainable = _parameter.resolve(item), _parameter.is_bijector(inner)
+            bijector = _parameter.resolve(inner.transform) if trainable else None
+            trainable = trainable and not frozen
         elif eqx.is_array(item):
             value, frozen = item, spec is not None and not spec.is_trainable
-            bijector = ""
-            if spec is not None and _metadata.is_parameter_leaf(spec, label, item):
-                bijector = _transforms.describe(spec.transform())
+            parameter = _metadata.is_parameter_leaf(spec, label, item)
+            bijector = spec.transform() if parameter else None
             trainable = eqx.is_inexact_array(item) and not frozen
         else:
             continue  # Python scalars and other static leaves
-        value = np.asarray(value) if not isinstance(value, jax.core.Tracer) else value
+        value = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
+        constraint = getattr(spec, "constraint", None)
+        constraint = "" if constraint is None else repr(constraint)
         rows.append(
             Row(
                 label,
                 str(tuple(np.shape(value))),
                 str(getattr(value, "dtype", "")),
                 _value(value),
-                constraint,
-                bijector,
-                prior,
+                constraint.removeprefix("constraints."),
+                "" if bijector is None else _transforms.describe(bijector),
+                _distribution(getattr(spec, "prior", None)),
                 bool(trainable),
             )
         )

@@ -14,6 +14,7 @@ registry's prior scoring (with its support and shape checks) for the prior term.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
@@ -27,6 +28,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from . import _errors, _metadata, _parameter, _transforms
+from ._where import WhereDict
 from ._wrappers import FixedDistrax
 
 
@@ -114,10 +116,7 @@ class Guide(eqx.Module):
             return FixedDistrax(distrax.MultivariateNormalDiag, self.loc, scale)
         if self.family == "full_rank":
             return FixedDistrax(distrax.MultivariateNormalTri, self.loc, scale)
-        diag, u, v = scale
-        return FixedDistrax(
-            distrax.MultivariateNormalDiagPlusLowRank, self.loc, diag, u, v
-        )
+        return FixedDistrax(distrax.MultivariateNormalDiagPlusLowRank, self.loc, *scale)
 
     def _marginal_variances(self) -> Array:
         scale = _parameter.resolve(self.scale)
@@ -126,77 +125,68 @@ class Guide(eqx.Module):
         if self.family == "full_rank":
             return jnp.sum(scale**2, axis=-1)
         diag, u, v = scale
-        full = jnp.diag(diag) + u @ v.T
-        return jnp.sum(full**2, axis=-1)
+        return jnp.sum((jnp.diag(diag) + u @ v.T) ** 2, axis=-1)
 
-    def _draw(self, key: PRNGKeyArray, n: int) -> Array:
-        return self.distribution.sample(seed=key, sample_shape=(n,))
+    def _split(self, u: Array) -> list[Array]:
+        """The random parameters' arrays in the flat vector `u`."""
+        return [
+            u[r.start : r.start + math.prod(r.shape)].reshape(r.shape)
+            for r in self.randoms
+        ]
 
-    def _assemble(self, u: Array) -> PyTree:
-        """The constrained model at the flat unconstrained vector `u`."""
+    def _fill(self, values: list) -> PyTree:
+        """The template with `values` in the random parameters' slots and the
+        frozen ones' values (without gradient), in unconstrained space."""
         leaves, treedef = jtu.tree_flatten(self.template, is_leaf=_is_template_leaf)
-        leaves = list(leaves)
-        for r in self.randoms:
-            size = int(np.prod(r.shape))
-            leaves[r.item] = u[r.start : r.start + size].reshape(r.shape)
         for i, x in enumerate(leaves):
             if isinstance(x, _Held):
                 leaves[i] = jax.lax.stop_gradient(x.value)
-        raw = jtu.tree_unflatten(treedef, leaves)
-        return _metadata.constrain(raw, self.overrides)
+        for r, value in zip(self.randoms, values):
+            leaves[r.item] = value
+        return jtu.tree_unflatten(treedef, leaves)
+
+    def _assemble(self, u: Array) -> PyTree:
+        """The constrained model at the flat unconstrained vector `u`."""
+        return _metadata.constrain(self._fill(self._split(u)), self.overrides)
 
     def _specs(self) -> list:
         """`(prior, transform)` of each random parameter, from the model's
         field metadata and the overrides."""
-        leaves, treedef = jtu.tree_flatten(self.template, is_leaf=_is_template_leaf)
-        for r in self.randoms:
-            leaves[r.item] = jnp.zeros(r.shape, self.loc.dtype)
-        items, _ = _metadata.entries(
-            jtu.tree_unflatten(treedef, leaves), self.overrides
-        )
+        items, _ = _metadata.entries(self._fill(self._split(self.loc)), self.overrides)
         specs = [items[r.item][1] for r in self.randoms]
-        return [(spec.prior, _transform(spec)) for spec in specs]
+        return [(spec.prior, spec.transform()) for spec in specs]
 
     def _log_det(self, u: Array) -> Array:
-        total = jnp.zeros((), u.dtype)
-        for r, (_, transform) in zip(self.randoms, self._specs()):
-            size = int(np.prod(r.shape))
-            x = u[r.start : r.start + size].reshape(r.shape)
-            total = total + jnp.sum(_transforms.log_det(transform, x, r.label))
-        return total
+        parts = zip(self.randoms, self._specs(), self._split(u))
+        terms = (jnp.sum(_transforms.log_det(t, x, r.label)) for r, (_, t), x in parts)
+        return sum(terms, jnp.zeros((), u.dtype))
 
-    def _log_prior(self, model: PyTree, u: Array, analytic: bool) -> Array:
+    def _log_prior(self, model: PyTree, analytic: bool) -> Array:
         """The random parameters' log prior at `model` (Gaussian ones left out
         when `analytic`: their expectation is added in closed form)."""
         values = jtu.tree_leaves(model, is_leaf=_parameter.is_node)
         total = jnp.zeros(())
         for r, (prior, transform) in zip(self.randoms, self._specs()):
-            if analytic and _gaussian_prior(prior, transform) is not None:
-                continue
-            total = total + _metadata.score_prior(r.label, prior, values[r.item])
+            if not (analytic and _gaussian_prior(prior, transform) is not None):
+                total = total + _metadata.score_prior(r.label, prior, values[r.item])
         return total
 
     def _expected_gaussian_log_prior(self) -> Array:
         """E_q[log p(u)] in closed form for Normal priors on identity leaves."""
-        variances = self._marginal_variances()
         total = jnp.zeros(())
-        for r, (prior, transform) in zip(self.randoms, self._specs()):
-            gaussian = _gaussian_prior(prior, transform)
-            if gaussian is None:
-                continue
-            size = int(np.prod(r.shape))
-            m = self.loc[r.start : r.start + size].reshape(r.shape)
-            v = variances[r.start : r.start + size].reshape(r.shape)
-            mu, sigma = gaussian
-            terms = -0.5 * jnp.log(2 * jnp.pi * sigma**2) - ((m - mu) ** 2 + v) / (
-                2 * sigma**2
-            )
-            total = total + jnp.sum(jnp.broadcast_to(terms, r.shape))
+        variances = self._split(self._marginal_variances())
+        parts = zip(self.randoms, self._specs(), self._split(self.loc), variances)
+        for r, specs, m, v in parts:
+            if (gaussian := _gaussian_prior(*specs)) is not None:
+                mu, var = gaussian[0], gaussian[1] ** 2
+                squared = (m - mu) ** 2 + v
+                terms = -0.5 * jnp.log(2 * jnp.pi * var) - squared / (2 * var)
+                total = total + jnp.sum(jnp.broadcast_to(terms, r.shape))
         return total
 
     def sample(self, key: PRNGKeyArray, n: int) -> PyTree:
         """`n` models drawn from the guide, stacked along a leading axis."""
-        u = self._draw(key, n)
+        u = self.distribution.sample(seed=key, sample_shape=(n,))
         return jax.vmap(self._assemble)(u)
 
     def mean(self) -> PyTree:
@@ -219,17 +209,11 @@ class Guide(eqx.Module):
         return self.distribution.log_prob(u)
 
 
-def _transform(spec: Any) -> Any:
-    return spec.transform() if spec.annotated else _transforms.Identity()
-
-
 def _gaussian_prior(prior: Any, transform: Any) -> tuple | None:
     """`(loc, scale)` of a univariate Normal prior on an identity-transformed
     leaf (distrax, TFP, numpyro, wrapped or raw), else `None`."""
-    if not isinstance(transform, _transforms.Identity):
-        return None
     cls = prior.cls if isinstance(prior, FixedDistrax) else type(prior)
-    if cls.__name__ != "Normal":
+    if not isinstance(transform, _transforms.Identity) or cls.__name__ != "Normal":
         return None
     try:
         return jnp.asarray(prior.loc), jnp.asarray(prior.scale)
@@ -314,33 +298,28 @@ def guide(
     raw = _metadata.unconstrain(model, overrides)
     items, treedef = _metadata.entries(model, overrides)
     raw_items = jtu.tree_leaves(raw, is_leaf=_parameter.is_node)
-    leaves, randoms, pieces, start = [], [], [], 0
+    leaves, randoms, pieces = [], [], []
     for index, ((path, spec, item), value) in enumerate(zip(items, raw_items)):
         label = _metadata.label_of(path)
-        if (  # a random parameter: it has a prior and trains
-            spec is not None
-            and spec.prior is not None
-            and spec.is_trainable
-            and eqx.is_inexact_array(item)
-        ):
+        prior = None if spec is None or not spec.is_trainable else spec.prior
+        if prior is not None and eqx.is_inexact_array(item):  # a random parameter
             value = jnp.asarray(value)
+            start = sum(piece.size for piece in pieces)
             randoms.append(_Random(label, index, start, value.shape))
-            start_lp = _metadata.score_prior(label, spec.prior, item)
+            start_lp = _metadata.score_prior(label, prior, item)
             if not _errors.is_traced(start_lp) and not bool(jnp.isfinite(start_lp)):
                 raise ValueError(
                     f"guide: the value of `{label}` is outside the support of its "
-                    f"prior {type(spec.prior).__name__} (log prior {start_lp}). Start "
+                    f"prior {type(prior).__name__} (log prior {start_lp}). Start "
                     "it inside, and give it the matching constraint (e.g. "
                     "`constraint=ep.constraints.positive` for a Gamma prior) so that "
                     "samples stay inside too."
                 )
             pieces.append(jnp.ravel(value))
-            start += value.size
             leaves.append(_Slot(value.shape, value.dtype))
-        elif spec is not None and not spec.is_trainable and eqx.is_array(value):
-            leaves.append(_Held(value))
         else:
-            leaves.append(value)
+            held = spec is not None and not spec.is_trainable and eqx.is_array(value)
+            leaves.append(_Held(value) if held else value)
     if not randoms:
         raise ValueError(
             "guide: no parameter of the model has a prior, so there is nothing to "
@@ -354,11 +333,11 @@ def guide(
     elif family == "full_rank":
         scale = _parameter.lower_cholesky(init_scale * jnp.eye(d, dtype=dtype))
     else:
-        k = min(int(rank), d)
-        small = 0.1 * init_scale * jnp.eye(d, k, dtype=dtype)
+        small = 0.1 * init_scale * jnp.eye(d, min(int(rank), d), dtype=dtype)
         scale = (_parameter.positive(jnp.full((d,), init_scale, dtype)), small, small)
+    # A static value (specs hash by identity) that every registry function takes.
+    frozen = None if overrides is None else tuple(WhereDict(overrides).items())
     template = jtu.tree_unflatten(treedef, leaves)
-    frozen = None if overrides is None else _metadata.hashable_overrides(overrides)
     return Guide(template, loc, scale, family, tuple(randoms), frozen)
 
 
@@ -430,7 +409,7 @@ def elbo(
         raise TypeError(f"elbo: `num_samples` must be an int, got {num_samples!r}.")
     if num_samples < 1:
         raise ValueError(f"elbo: `num_samples` must be >= 1, got {num_samples}.")
-    u = guide._draw(key, num_samples)
+    u = guide.distribution.sample(seed=key, sample_shape=(num_samples,))
 
     def one(u: Array) -> Array:
         model = guide._assemble(u)
@@ -442,7 +421,7 @@ def elbo(
             )
         return (
             likelihood_scale * ll
-            + guide._log_prior(model, u, analytic)
+            + guide._log_prior(model, analytic)
             + guide._log_det(u)
         )
 

@@ -780,29 +780,18 @@ def _items(arguments: Mapping[str, Any]) -> list[str]:
 
 
 def _leaves_match(a: Any, b: Any) -> bool:
-    """Whether two raw objects flatten to equal arrays (concrete ones by value)."""
-    try:
-        la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
-    except Exception:  # noqa: BLE001
-        return False
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb):
-        if not all(map(_is_numeric, (x, y))):
-            if x is not y and x != y:
-                return False
-            continue
+    """Whether two raw objects flatten to equal leaves (concrete arrays by value)."""
+
+    def same(x: Any, y: Any) -> bool:
+        if not (eqx.is_array_like(x) and eqx.is_array_like(y)):
+            return x is y or x == y
         if jnp.shape(x) != jnp.shape(y) or jnp.result_type(x) != jnp.result_type(y):
             return False
-        if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
-            continue
-        if not np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True):
-            return False
-    return True
+        traced = isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer)
+        return traced or np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
 
-
-def _is_numeric(x: Any) -> bool:
-    return eqx.is_array(x) or type(x) in (int, float, bool, complex)
+    la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
+    return len(la) == len(lb) and all(map(same, la, lb))
 
 
 def wrap_instance(obj: Any) -> Any:
