@@ -665,24 +665,21 @@ def _probed_by_tree_at(wrapper: FixedDistrax) -> bool:
 
 
 def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
-    family = _family(wrapper.cls)
     what = f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r}"
+    fix = "Build a new wrapper with the new value"
     if type(value) is float:
+        qualname = _family(wrapper.cls).qualname(wrapper.cls)
         why = (
-            f"is a static Python float ({family.qualname(wrapper.cls)} branches on "
-            "it in Python, so it is not converted to an array leaf)"
+            f"is a static Python float ({qualname} branches on it in Python, so it "
+            "is not converted to an array leaf)"
         )
-        fix = (
-            "Build a new wrapper with the new value. (Other Python floats are "
-            "leaves already; to make a value trainable elsewhere, pass it as "
-            "`jnp.asarray(...)`.)"
+        fix += (
+            ". (Other Python floats are leaves already; to make a value trainable "
+            "elsewhere, pass it as `jnp.asarray(...)`.)"
         )
     else:
         why = f"is static (a {type(value).__name__}, part of the structure)"
-        fix = (
-            "Build a new wrapper with the new value, or pass an array, e.g. "
-            "`jnp.asarray(...)`, if it is a parameter."
-        )
+        fix += ", or pass an array, e.g. `jnp.asarray(...)`, if it is a parameter."
     return f"{what} {why}, not a leaf, so `eqx.tree_at` cannot replace it. {fix}"
 
 
@@ -698,35 +695,26 @@ def _caches(wrapper: FixedDistrax) -> bool:
 
 def _build(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
     """Instantiate `wrapper`; with `fresh_arrays`, every array is a fresh reference."""
-    cls, static = wrapper.cls, wrapper._static
 
     def value(x: Any) -> Any:
         if _is_wrapper(x):
             return _build(x, fresh_arrays)
-        if isinstance(x, _Const):
-            return x.value
         return _families.fresh(x) if fresh_arrays else x
 
-    values = dict(static.static)
-    for name in static.dynamic:
-        values[name] = jtu.tree_map(
-            value, wrapper.__dict__[name], is_leaf=_is_const_or_wrapper
-        )
-    ordered = {name: values[name] for name in static.names}
-    bound = inspect.BoundArguments(_family(cls).signature(cls), ordered)  # pyright: ignore[reportArgumentType]
-    return cls(*bound.args, **bound.kwargs)
+    arguments = wrapper.arguments
+    for name in wrapper._static.dynamic:
+        arguments[name] = jtu.tree_map(value, arguments[name], is_leaf=_is_wrapper)
+    signature = _family(wrapper.cls).signature(wrapper.cls)
+    bound = inspect.BoundArguments(signature, arguments)  # pyright: ignore[reportArgumentType]
+    return wrapper.cls(*bound.args, **bound.kwargs)
 
 
 def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
     if _family(wrapper.cls).is_distribution_class(wrapper.cls) != distribution:
-        kind, other = (
-            ("bijector", "distribution")
-            if distribution
-            else ("distribution", "bijector")
-        )
+        kind, other = ["distribution", "bijector"][:: 1 if distribution else -1]
         raise TypeError(
-            f"FixedDistrax({wrapper.cls.__name__}) wraps a {kind}; `{method}` is "
-            f"only available on a wrapped {other}."
+            f"FixedDistrax({wrapper.cls.__name__}) wraps a {other}; `{method}` is "
+            f"only available on a wrapped {kind}."
         )
 
 
