@@ -87,8 +87,7 @@ def as_float(x: ArrayLike, name: str) -> Array:
     """
     dtype = getattr(x, "dtype", None)
     if dtype is None:
-        x = np.asarray(x)
-        dtype = x.dtype
+        dtype = (x := np.asarray(x)).dtype
     if jnp.issubdtype(dtype, jnp.complexfloating):
         raise TypeError(
             f"{name}: complex values are not supported (got dtype {dtype}); pass "
@@ -96,10 +95,9 @@ def as_float(x: ArrayLike, name: str) -> Array:
         )
     if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
         raise TypeError(f"{name}: expected a real array, got dtype {dtype}.")
-    if isinstance(x, jax.Array):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            return x.astype(jnp.result_type(float))
-        return x.astype(x.dtype) if x.weak_type else x
+    if isinstance(x, jax.Array):  # `astype` to its own dtype drops weak typing
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(x.dtype if floating else jnp.result_type(float))
     x = np.asarray(x)
     x = x if np.issubdtype(x.dtype, np.floating) else x.astype(float)
     return jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(x.dtype))

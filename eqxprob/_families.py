@@ -58,9 +58,6 @@ def require_numpyro() -> Any:
 
     `ImportError` naming the `eqxprob[numpyro]` extra if numpyro is not installed.
     """
-    module = sys.modules.get("numpyro.distributions")
-    if module is not None:
-        return module
     try:
         return importlib.import_module("numpyro.distributions")
     except ImportError as e:
@@ -79,22 +76,7 @@ def fresh(x: Any) -> Any:
 def _as_tuple(shape: Any) -> tuple[int, ...] | Any:
     if isinstance(shape, tfp.tf2jax.TensorShape):
         return tuple(shape.as_list())
-    if isinstance(shape, list):
-        return tuple(shape)
-    return shape
-
-
-def _seed(seed: Any) -> Any:
-    """A PRNG key from a key or a Python int (numpyro takes keys only)."""
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return jax.random.PRNGKey(seed)
-    return seed
-
-
-def _sample_shape(sample_shape: Any) -> tuple[int, ...]:
-    if isinstance(sample_shape, int):
-        return (sample_shape,)
-    return tuple(sample_shape)
+    return tuple(shape) if isinstance(shape, list) else shape
 
 
 @functools.cache
@@ -112,8 +94,8 @@ def _init_signature(cls: type) -> inspect.Signature:
 class Family(abc.ABC):
     """How eqxprob talks to one library of distributions and bijectors.
 
-    Abstract: a family implements `owns`, `distribution_base`, `bijector_base`,
-    `arguments_of` and `event_ndims_in`; the rest has defaults.
+    Abstract: a family implements `bases`, `arguments_of` and `event_ndims_in`;
+    the rest has defaults.
     """
 
     name: str = ""
@@ -122,27 +104,22 @@ class Family(abc.ABC):
     caches_by_identity: bool = False
 
     # --- recognising classes and instances
-    @abc.abstractmethod
     def owns(self, cls: type) -> bool:
         """Whether `cls` belongs to this library."""
+        return issubclass(cls, self.bases())
 
     @abc.abstractmethod
-    def distribution_base(self) -> type:
-        """The base class of the library's distributions."""
-
-    @abc.abstractmethod
-    def bijector_base(self) -> type:
-        """The base class of the library's bijectors (transforms)."""
+    def bases(self) -> tuple[type, type]:
+        """The base classes of the library's distributions and bijectors."""
 
     def is_distribution_class(self, cls: type) -> bool:
-        return issubclass(cls, self.distribution_base())
+        return issubclass(cls, self.bases()[0])
 
     def is_bijector_class(self, cls: type) -> bool:
-        return issubclass(cls, self.bijector_base())
+        return issubclass(cls, self.bases()[1])
 
     def abstract_reason(self, cls: type) -> str | None:
-        bases = (self.distribution_base(), self.bijector_base())
-        if inspect.isabstract(cls) or cls in bases:
+        if inspect.isabstract(cls) or cls in self.bases():
             return "is abstract and cannot be instantiated; pass a concrete subclass"
         return None
 
@@ -187,14 +164,8 @@ class Family(abc.ABC):
 class _Distrax(Family):
     name = "distrax"
 
-    def owns(self, cls: type) -> bool:
-        return issubclass(cls, (distrax.Distribution, distrax.Bijector))
-
-    def distribution_base(self) -> type:
-        return distrax.Distribution
-
-    def bijector_base(self) -> type:
-        return distrax.Bijector
+    def bases(self) -> tuple[type, type]:
+        return distrax.Distribution, distrax.Bijector
 
     def abstract_reason(self, cls: type) -> str | None:
         if cls is distrax.Linear:
@@ -238,14 +209,8 @@ class _TFP(Family):
     name = "tfp"
     caches_by_identity = True
 
-    def owns(self, cls: type) -> bool:
-        return issubclass(cls, (tfd.Distribution, tfb.Bijector))
-
-    def distribution_base(self) -> type:
-        return tfd.Distribution
-
-    def bijector_base(self) -> type:
-        return tfb.Bijector
+    def bases(self) -> tuple[type, type]:
+        return tfd.Distribution, tfb.Bijector
 
     def qualname(self, cls: type) -> str:
         return f"{'tfb' if issubclass(cls, tfb.Bijector) else 'tfd'}.{cls.__name__}"
@@ -319,21 +284,11 @@ class _Numpyro(Family):
 
     name = "numpyro"
 
-    @staticmethod
-    def _loaded() -> bool:
-        return sys.modules.get("numpyro.distributions") is not None
-
     def owns(self, cls: type) -> bool:
-        if not cls.__module__.startswith("numpyro."):
-            return False
-        nd = require_numpyro()
-        return issubclass(cls, (nd.Distribution, nd.transforms.Transform))
+        return cls.__module__.startswith("numpyro.") and super().owns(cls)
 
-    def distribution_base(self) -> type:
-        return require_numpyro().Distribution
-
-    def bijector_base(self) -> type:
-        return require_numpyro().transforms.Transform
+    def bases(self) -> tuple[type, type]:
+        return require_numpyro().Distribution, require_numpyro().transforms.Transform
 
     def static_floats(self, cls: type) -> frozenset[str]:
         if issubclass(cls, require_numpyro().transforms.DiscreteCosineTransform):
@@ -341,17 +296,15 @@ class _Numpyro(Family):
         return frozenset()
 
     def abstract_reason(self, cls: type) -> str | None:
-        nd = require_numpyro()
-        abstract = (
-            nd.transforms.ParameterFreeTransform,
-            nd.transforms._InverseTransform,
-        )
-        if cls in abstract:
+        transforms = require_numpyro().transforms
+        if cls in (transforms.ParameterFreeTransform, transforms._InverseTransform):
             return "is not constructible by itself; pass a concrete transform"
         return super().abstract_reason(cls)
 
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _NUMPYRO_METHODS[method](obj, *args, **kwargs)
+        if method in _NUMPYRO_METHODS:
+            return _NUMPYRO_METHODS[method](obj, *args, **kwargs)
+        return super().call(obj, method, *args, **kwargs)  # the same spelling
 
     def get(self, obj: Any, name: str) -> Any:
         if name == "dtype":
@@ -381,20 +334,6 @@ class _Numpyro(Family):
         return _as_int(getattr(getattr(obj, "domain", None), "event_dim", None))
 
 
-def _np_forward_ldj(t: Any, x: Any) -> Any:
-    return t.log_abs_det_jacobian(x, t(x))
-
-
-def _np_inverse_and_log_det(t: Any, y: Any) -> tuple[Any, Any]:
-    x = t.inv(y)
-    return x, -t.log_abs_det_jacobian(x, y)
-
-
-def _np_forward_and_log_det(t: Any, x: Any) -> tuple[Any, Any]:
-    y = t(x)
-    return y, t.log_abs_det_jacobian(x, y)
-
-
 def _np_mode(d: Any) -> Any:
     try:
         return d.mode
@@ -404,39 +343,37 @@ def _np_mode(d: Any) -> Any:
         ) from None
 
 
+def _np_sample(d: Any, *, seed: Any, sample_shape: Any = ()) -> Any:
+    """numpyro takes keys only (not Python ints) and shapes as tuples."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        seed = jax.random.PRNGKey(seed)
+    shape = (sample_shape,) if isinstance(sample_shape, int) else tuple(sample_shape)
+    return d.sample(seed, shape)
+
+
 def _np_kl(p: Any, q: Any) -> Any:
     return require_numpyro().kl.kl_divergence(p, q)
 
 
-def _np_sample(d: Any, *, seed: Any, sample_shape: Any = ()) -> Any:
-    return d.sample(_seed(seed), _sample_shape(sample_shape))
-
-
-def _np_sample_and_log_prob(d: Any, *, seed: Any, sample_shape: Any = ()) -> Any:
-    x = _np_sample(d, seed=seed, sample_shape=sample_shape)
-    return x, d.log_prob(x)
-
-
+# The methods numpyro spells differently; the rest (`log_prob`, `cdf`, `entropy`)
+# are called as they are.
 _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
-    "log_prob": lambda d, x: d.log_prob(x),
     "prob": lambda d, x: jnp.exp(d.log_prob(x)),
-    "cdf": lambda d, x: d.cdf(x),
     "log_cdf": lambda d, x: jnp.log(d.cdf(x)),
     "sample": _np_sample,
-    "sample_and_log_prob": _np_sample_and_log_prob,
+    "sample_and_log_prob": lambda d, **kw: (x := _np_sample(d, **kw), d.log_prob(x)),
     "mean": lambda d: d.mean,
-    "mode": lambda d: _np_mode(d),
+    "mode": _np_mode,
     "variance": lambda d: d.variance,
     "stddev": lambda d: jnp.sqrt(d.variance),
-    "entropy": lambda d: d.entropy(),
     "kl_divergence": _np_kl,
     "cross_entropy": lambda d, q: d.entropy() + _np_kl(d, q),
     "forward": lambda t, x: t(x),
     "inverse": lambda t, y: t.inv(y),
-    "forward_log_det_jacobian": _np_forward_ldj,
-    "inverse_log_det_jacobian": lambda t, y: _np_inverse_and_log_det(t, y)[1],
-    "forward_and_log_det": _np_forward_and_log_det,
-    "inverse_and_log_det": _np_inverse_and_log_det,
+    "forward_log_det_jacobian": lambda t, x: t.log_abs_det_jacobian(x, t(x)),
+    "inverse_log_det_jacobian": lambda t, y: -t.log_abs_det_jacobian(t.inv(y), y),
+    "forward_and_log_det": lambda t, x: (y := t(x), t.log_abs_det_jacobian(x, y)),
+    "inverse_and_log_det": lambda t, y: (x := t.inv(y), -t.log_abs_det_jacobian(x, y)),
 }
 
 DISTRAX, TFP, NUMPYRO = _Distrax(), _TFP(), _Numpyro()
@@ -447,30 +384,27 @@ def family_of(cls: Any) -> Family | None:
     """The adapter of a distribution or bijector class, or `None`."""
     if not isinstance(cls, type):
         return None
-    for family in _FAMILIES:
-        if family.owns(cls):
-            return family
-    return None
+    return next((family for family in _FAMILIES if family.owns(cls)), None)
 
 
 def family_of_instance(x: Any) -> Family | None:
     """The adapter of a raw distribution or bijector instance, or `None`."""
-    cls = type(x)
-    if cls.__module__.startswith("numpyro.") and not NUMPYRO._loaded():
+    cls = type(x)  # numpyro's objects exist only once it is loaded: import nothing
+    if cls.__module__.startswith("numpyro.") and not sys.modules.get(
+        "numpyro.distributions"
+    ):
         return None
     return family_of(cls)
 
 
 def is_raw_distribution(x: Any) -> bool:
     """Whether `x` is a distrax, TFP-JAX or numpyro distribution *instance*."""
-    family = family_of_instance(x)
-    return family is not None and family.is_distribution_class(type(x))
+    return bool((f := family_of_instance(x)) and f.is_distribution_class(type(x)))
 
 
 def is_raw_bijector(x: Any) -> bool:
     """Whether `x` is a distrax, TFP-JAX or numpyro bijector *instance*."""
-    family = family_of_instance(x)
-    return family is not None and family.is_bijector_class(type(x))
+    return bool((f := family_of_instance(x)) and f.is_bijector_class(type(x)))
 
 
 def is_raw(x: Any) -> bool:

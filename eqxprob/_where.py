@@ -13,6 +13,7 @@ build on these labels.
 from __future__ import annotations
 
 import ast
+import contextlib
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -58,21 +59,17 @@ class _Recorder:
         if not name.isidentifier() or name.startswith("__") and name.endswith("__"):
             if name == "__class__":  # for `isinstance`
                 return _Recorder
-            raise TypeError(_misuse(label, f"the attribute {name!r}"))
+            raise _misuse(label, f"the attribute {name!r}")
         return _Recorder(f"{label}.{name}" if label else name)
 
     def __getitem__(self, key: Any) -> _Recorder:
         label = _label_of(self)
-        if isinstance(key, bool):
-            raise TypeError(_misuse(label, f"the key {key!r} (use an int or a str)"))
         if type(key) is str:
             return _Recorder(f"{label}[{key!r}]")
-        try:
-            return _Recorder(f"{label}[{operator.index(key)}]")
-        except TypeError:
-            raise TypeError(
-                _misuse(label, f"the key {key!r} (use an int or a str)")
-            ) from None
+        with contextlib.suppress(TypeError):  # a forbidden `__index__` included
+            if not isinstance(key, bool):
+                return _Recorder(f"{label}[{operator.index(key)}]")
+        raise _misuse(label, f"the key {key!r} (use an int or a str)")
 
     def __repr__(self) -> str:
         return f"<selection {_label_of(self)!r}>"
@@ -82,40 +79,38 @@ def _label_of(recorder: _Recorder) -> str:
     return object.__getattribute__(recorder, "label")
 
 
-def _misuse(label: str, what: str) -> str:
+def _misuse(label: str, what: str) -> TypeError:
     selection = f"the selection {label!r}" if label else "its argument"
-    return f"{_ALLOWED} This one used {what} on {selection}."
+    return TypeError(f"{_ALLOWED} This one used {what} on {selection}.")
 
 
 def _forbid(what: str) -> Callable[..., Any]:
     def method(self: _Recorder, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(_misuse(_label_of(self), what))
+        raise _misuse(_label_of(self), what)
 
     return method
 
 
-def _forbid_all() -> None:
-    arithmetic = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift"
-    forbidden = {"neg pos abs invert": "arithmetic"}
-    for op in (arithmetic + " and or xor").split():
-        forbidden[f"{op} r{op} i{op}"] = "arithmetic"
-    forbidden |= {
-        "eq ne lt le gt ge": "a comparison",
-        "hash": "hashing",
-        "bool": "truth testing (`if`, `and`, `or`, `not`)",
-        "len": "`len`",
-        "iter reversed contains": "iteration or `in`",
-        "call": "a call",
-        "int float complex index round trunc floor ceil": "a conversion to a number",
-        "str format bytes": "a conversion to a string",
-        "setitem delitem": "item assignment",
-    }
-    for names, what in forbidden.items():
-        for name in names.split():
-            setattr(_Recorder, f"__{name}__", _forbid(what))
-
-
-_forbid_all()
+# Every operation but selecting, by dunder names (each also `r` and `i` for the
+# binary arithmetic ones), and how a message names it.
+_ARITHMETIC = (
+    "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and or xor"
+)
+for _names, _what in {
+    "neg pos abs invert": "arithmetic",
+    " ".join(f"{o} r{o} i{o}" for o in _ARITHMETIC.split()): "arithmetic",
+    "eq ne lt le gt ge": "a comparison",
+    "hash": "hashing",
+    "bool": "truth testing (`if`, `and`, `or`, `not`)",
+    "len": "`len`",
+    "iter reversed contains": "iteration or `in`",
+    "call": "a call",
+    "int float complex index round trunc floor ceil": "a conversion to a number",
+    "str format bytes": "a conversion to a string",
+    "setitem delitem": "item assignment",
+}.items():
+    for _name in _names.split():
+        setattr(_Recorder, f"__{_name}__", _forbid(_what))
 
 
 def _is_recorder(x: Any) -> bool:
@@ -125,19 +120,18 @@ def _is_recorder(x: Any) -> bool:
 def _label_leaf(x: Any) -> str:
     if _is_recorder(x):
         return _label_of(x)
-    raise TypeError(
-        f"{_ALLOWED} This one returned a {type(x).__name__} instead of a selection."
-    )
+    what = f"returned a {type(x).__name__} instead of a selection"
+    raise TypeError(f"{_ALLOWED} This one {what}.")
 
 
 # ------------------------------------------------------------------------ labels
 
 
 def _render(steps: _Steps) -> str:
-    parts = []
-    for kind, key in steps:
-        parts.append(f"[{key!r}]" if kind == "[]" else f".{key}" if parts else key)
-    return "".join(parts)
+    return "".join(
+        f"[{key!r}]" if kind == "[]" else f".{key}" if i else key
+        for i, (kind, key) in enumerate(steps)
+    )
 
 
 def _parse(label: str) -> _Steps:
@@ -153,11 +147,8 @@ def _parse(label: str) -> _Steps:
         name, index, string = match.groups()
         if name is not None and not name.isidentifier():
             raise ValueError(f"{name!r} in the label {label!r} is not a Python name.")
-        if name is not None:
-            steps.append((".", name))
-        else:
-            key = int(index) if index is not None else ast.literal_eval(string)
-            steps.append(("[]", key))
+        key = name or (int(index) if index else ast.literal_eval(string))
+        steps.append((".", key) if name else ("[]", key))
         pos = match.end()
     canonical = _render(tuple(steps))
     if canonical != label:
@@ -400,12 +391,8 @@ class WhereDict(dict):
     _keys: dict[str, Where | str]
 
     def __init__(self, entries: Mapping[Any, Any] | Iterable[Any] = (), /):
-        if isinstance(entries, WhereDict):
-            entries = entries.where_items()
-        elif isinstance(entries, Mapping):
-            entries = entries.items()
         keys: dict[str, Where | str] = {}
-        for entry in entries:
+        for entry in _pairs(entries):
             try:
                 key, value = entry
             except (TypeError, ValueError):
@@ -446,19 +433,15 @@ class WhereDict(dict):
     def __or__(self, other: Any) -> WhereDict:
         if not isinstance(other, Mapping):
             return NotImplemented
-        other = other.where_items() if isinstance(other, WhereDict) else other.items()
-        keys = dict(self._keys)  # label -> key, in order
-        values = dict(dict.items(self))  # label -> value
-        for key, value in other:  # as `dict |`: the right side's values win
-            label = key if isinstance(key, str) else _key_label(key)
+        keys, values = dict(self._keys), dict(dict.items(self))  # by label, in order
+        for key, value in _pairs(other):  # as `dict |`: the right side's values win
+            label = _key_label(key)
             keys.setdefault(label, key)
             values[label] = value
         return WhereDict([(keys[label], values[label]) for label in keys])
 
     def __ror__(self, other: Any) -> WhereDict:
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return WhereDict(other) | self
+        return WhereDict(other) | self if isinstance(other, Mapping) else NotImplemented
 
     def wheres(self) -> tuple[Where, ...]:
         """The where-functions of the keys, in insertion order."""
@@ -490,16 +473,18 @@ class WhereDict(dict):
     clear = pop = popitem = setdefault = update = _immutable  # type: ignore
 
 
-def _flatten_where_dict(d: WhereDict) -> tuple:
-    children = [(jtu.DictKey(label), value) for label, value in dict.items(d)]
-    return children, tuple(d._keys.items())
+def _pairs(entries: Any) -> Iterable[Any]:
+    """The `(key, value)` entries of a mapping (a `WhereDict`'s with its
+    where-functions) or of an iterable of pairs."""
+    if isinstance(entries, WhereDict):
+        return entries.where_items()
+    return entries.items() if isinstance(entries, Mapping) else entries
 
 
 def _unflatten_where_dict(aux: tuple, values: Iterable[Any]) -> WhereDict:
     # Labels are known: skip the relabelling `__init__` does.
     new = dict.__new__(WhereDict)
-    for (label, _), value in zip(aux, values):
-        dict.__setitem__(new, label, value)
+    dict.update(new, zip([label for label, _ in aux], values))
     new._keys = dict(aux)
     return new
 
@@ -508,9 +493,11 @@ def _unflatten_where_dict(aux: tuple, values: Iterable[Any]) -> WhereDict:
 # `eqx.filter_*` see the arrays inside, as for a `dict`.
 jtu.register_pytree_with_keys(
     WhereDict,
-    _flatten_where_dict,
+    lambda d: (
+        [(jtu.DictKey(label), value) for label, value in dict.items(d)],
+        tuple(d._keys.items()),
+    ),
     _unflatten_where_dict,
-    flatten_func=lambda d: (list(dict.values(d)), tuple(d._keys.items())),
 )
 
 
@@ -557,9 +544,7 @@ def tree_at_all(
     """
     if not isinstance(where_dict, WhereDict):
         where_dict = WhereDict(where_dict)
-    for label, where, value in zip(
-        where_dict, where_dict.wheres(), where_dict.values()
-    ):
+    for label, (where, value) in zip(where_dict, where_dict.where_items()):
         _key_path(label, tree, is_leaf)  # a clear error naming the label
         tree = eqx.tree_at(where, tree, value, is_leaf=is_leaf)
     return tree
