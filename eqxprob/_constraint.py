@@ -14,9 +14,11 @@ own), with `check`, `fix` and `bijector` (the built-in transforms live in
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
@@ -66,10 +68,6 @@ class Constraint(abc.ABC):
         the constraint's own measure (for matrices: the free entries)."""
         return None
 
-    def _host_check(self, value: np.ndarray) -> np.ndarray:
-        """`check` on a NumPy array; built-ins override it to compile nothing."""
-        return np.asarray(self.check(jnp.asarray(value)))
-
     def _shape_error(self, shape: tuple[int, ...]) -> str | None:
         """Why an array of `shape` cannot be in the support at all, or `None`."""
         if len(shape) < self.event_ndim:
@@ -93,10 +91,8 @@ def _key(constraint: object) -> tuple:
 
 
 def holds(constraint: Constraint, value: Any) -> Any:
-    """`constraint.check(value)`: on the host (NumPy, compiles nothing) for a
-    concrete value, with JAX for a traced one."""
-    v = _errors.host(value)
-    return constraint.check(v) if _errors.is_traced(v) else constraint._host_check(v)
+    """`constraint.check(value)`, concrete or traced."""
+    return constraint.check(jnp.asarray(value))
 
 
 def validate(constraint: Constraint, value: Array, name: str) -> Array:
@@ -129,105 +125,58 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
 # --- built-in constraints ---------------------------------------------------------
 
 
-class _Tested(Constraint):
-    """A built-in constraint: one `_test(v, xp)` serves JAX (`check`, traced or
-    not) and NumPy (`_host_check`, which compiles nothing)."""
+class _BuiltIn(Constraint):
+    """A built-in constraint: `_test` on `jnp.asarray(value)`, and `repr` naming
+    the module's instance (`constraints.lower_cholesky`)."""
 
     def check(self, value: Float[Array, "*shape"]) -> Bool[Array, "*batch"]:
-        return self._test(jnp.asarray(value), jnp)
-
-    def _host_check(self, value: np.ndarray) -> np.ndarray:
-        return self._test(np.asarray(value), np)
+        return self._test(jnp.asarray(value))
 
     @abc.abstractmethod
-    def _test(self, v: Any, xp: Any) -> Any: ...
+    def _test(self, v: Array) -> Array: ...
+
+    def __repr__(self) -> str:
+        return f"constraints.{_snake(type(self).__name__)}"
 
 
-class _Elementwise(_Tested):
-    """A constraint checked entry by entry."""
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-class Real(_Elementwise):
+class Real(_BuiltIn):
     """Finite real numbers (NaN and ±inf are outside)."""
 
     fix = "Pass finite values."
 
-    def _test(self, v, xp):
-        return xp.isfinite(v)
+    def _test(self, v):
+        return jnp.isfinite(v)
 
     def bijector(self) -> Any:
         return _transforms.Identity()
 
-    def __repr__(self) -> str:
-        return "constraints.real"
 
-
-class Positive(_Elementwise):
+class Positive(_BuiltIn):
     """Finite values `> 0`."""
 
     fix = "Pass finite values > 0, e.g. `jnp.maximum(value, 1e-6)`."
 
-    def _test(self, v, xp):
-        return (v > 0) & (v < np.inf)
+    def _test(self, v):
+        return (v > 0) & (v < jnp.inf)
 
     def bijector(self) -> Any:
         return _transforms.Softplus()
 
-    def __repr__(self) -> str:
-        return "constraints.positive"
 
-
-class Nonnegative(_Elementwise):
+class Nonnegative(_BuiltIn):
     """Finite values `>= 0` (zero included, as GPJax's `NonNegativeReal`)."""
 
     fix = "Pass finite values >= 0."
 
-    def _test(self, v, xp):
-        return (v >= 0) & (v < np.inf)
+    def _test(self, v):
+        return (v >= 0) & (v < jnp.inf)
 
     def bijector(self) -> Any:
         return _transforms.Softplus(floor=True)
-
-    def __repr__(self) -> str:
-        return "constraints.nonnegative"
-
-
-def _bound(x: ArrayLike, name: str, what: str) -> Any:
-    """A bound as given (NumPy on the host, or traced), checked to be real."""
-    if _errors.is_traced(x):
-        return x
-    x = np.asarray(x)
-    if np.iscomplexobj(x) or not np.issubdtype(x.dtype, np.number):
-        raise TypeError(f"{what}: `{name}` must be a real number, got {x!r}.")
-    return x[()] if x.ndim == 0 else x
-
-
-def _check_bounds(what: str, low: Any = None, high: Any = None) -> tuple[Any, Any]:
-    """Finite bounds with `low < high`: returned as given, or with `eqx.error_if`s
-    attached when traced (keep the returned values)."""
-    checked = []
-    for name, b in (("low", low), ("high", high)):
-        if b is not None:
-            v = _errors.host(b)
-            b = _errors.check(
-                b,
-                ~(abs(v) < np.inf),
-                f"{what}: `{name}` must be finite",
-                _ONE_SIDED,
-                (name, b),
-            )
-        checked.append(b)
-    low, high = checked
-    if low is not None and high is not None:
-        lo, hi = _errors.host(low), _errors.host(high)
-        low = _errors.check(
-            low,
-            ~(lo < hi),
-            f"{what}: `low` must be smaller than `high`",
-            "Swap or fix the bounds.",
-            f"(low, high) = ({_errors.short(low)}, {_errors.short(high)})",
-        )
-    return low, high
 
 
 _ONE_SIDED = (
@@ -236,17 +185,49 @@ _ONE_SIDED = (
 )
 
 
-class GreaterThan(_Elementwise):
-    """Finite values `> low`."""
+def _bounds(what: str, **bounds: Any) -> list[Any]:
+    """Real, finite bounds (and `low < high` when both are given): NumPy values
+    on the host, or traced ones with `eqx.error_if`s attached (keep them)."""
+    out: dict[str, Any] = {}
+    for name, b in bounds.items():
+        if not _errors.is_traced(b):
+            a = np.asarray(b)
+            if np.iscomplexobj(a) or not np.issubdtype(a.dtype, np.number):
+                raise TypeError(f"{what}: `{name}` must be a real number, got {a!r}.")
+            b: Any = a[()] if a.ndim == 0 else a
+        bad = ~(abs(_errors.host(b)) < np.inf)
+        out[name] = _errors.check(
+            b, bad, f"{what}: `{name}` must be finite", _ONE_SIDED, (name, b)
+        )
+    if len(out) == 2:
+        low, high = out["low"], out["high"]
+        out["low"] = _errors.check(
+            low,
+            ~(_errors.host(low) < _errors.host(high)),
+            f"{what}: `low` must be smaller than `high`",
+            "Swap or fix the bounds.",
+            f"(low, high) = ({_errors.short(low)}, {_errors.short(high)})",
+        )
+    return list(out.values())
 
-    def __init__(self, low: ArrayLike):
-        what = "constraints.greater_than"
-        self.low, _ = _check_bounds(what, low=_bound(low, "low", what))
+
+def _common(*xs: Any) -> list[Array]:
+    """The value and its bounds in one dtype, the wider (as NumPy compares)."""
+    dtype = np.result_type(*(x.dtype for x in xs))
+    return [jnp.asarray(x, jax.dtypes.canonicalize_dtype(dtype)) for x in xs]
+
+
+class GreaterThan(_BuiltIn):
+    """Finite values `> low`."""
 
     fix = "Pass finite values above the lower bound."
 
-    def _test(self, v, xp):
-        return (v > self.low) & (v < np.inf)
+    def __init__(self, low: ArrayLike):
+        [self.low] = _bounds("constraints.greater_than", low=low)
+
+    def _test(self, v):
+        v, low = _common(v, self.low)
+        return (v > low) & (v < jnp.inf)
 
     def bijector(self) -> Any:
         return _transforms.SoftplusFrom(self.low, 1.0)
@@ -255,17 +236,17 @@ class GreaterThan(_Elementwise):
         return f"constraints.greater_than({_errors.short(self.low)})"
 
 
-class LessThan(_Elementwise):
+class LessThan(_BuiltIn):
     """Finite values `< high`."""
-
-    def __init__(self, high: ArrayLike):
-        what = "constraints.less_than"
-        _, self.high = _check_bounds(what, high=_bound(high, "high", what))
 
     fix = "Pass finite values below the upper bound."
 
-    def _test(self, v, xp):
-        return (v < self.high) & (v > -np.inf)
+    def __init__(self, high: ArrayLike):
+        [self.high] = _bounds("constraints.less_than", high=high)
+
+    def _test(self, v):
+        v, high = _common(v, self.high)
+        return (v < high) & (v > -jnp.inf)
 
     def bijector(self) -> Any:
         return _transforms.SoftplusFrom(self.high, -1.0)
@@ -274,24 +255,22 @@ class LessThan(_Elementwise):
         return f"constraints.less_than({_errors.short(self.high)})"
 
 
-class Interval(_Elementwise):
+class Interval(_BuiltIn):
     """The open interval `(low, high)`, finite bounds with `low < high`
     (broadcastable arrays allowed). Use `interval(low, high)`, which also accepts
     an infinite bound."""
-
-    def __init__(self, low: ArrayLike, high: ArrayLike):
-        what = "constraints.interval"
-        self.low, self.high = _check_bounds(
-            what, _bound(low, "low", what), _bound(high, "high", what)
-        )
 
     fix = (
         "The interval is open (a sigmoid reaches a bound only at ±inf): move the "
         "value inside, or widen the bounds."
     )
 
-    def _test(self, v, xp):
-        return (v > self.low) & (v < self.high)
+    def __init__(self, low: ArrayLike, high: ArrayLike):
+        self.low, self.high = _bounds("constraints.interval", low=low, high=high)
+
+    def _test(self, v):
+        v, low, high = _common(v, self.low, self.high)
+        return (v > low) & (v < high)
 
     def bijector(self) -> Any:
         return _transforms.Sigmoid(self.low, self.high)
@@ -301,7 +280,13 @@ class Interval(_Elementwise):
         return f"constraints.interval({low}, {high})"
 
 
-class Simplex(_Tested):
+def _tolerance(v: Array) -> float:
+    """`tolerance` of `v`'s dtype (of float32 for integers)."""
+    floating = jnp.issubdtype(v.dtype, jnp.floating)
+    return _errors.tolerance(v.dtype if floating else jnp.float32)
+
+
+class Simplex(_BuiltIn):
     """Vectors of positive entries summing to 1 along the last axis (the open
     simplex), the sum within `tolerance(dtype)`."""
 
@@ -312,11 +297,9 @@ class Simplex(_Tested):
         "distribution for zeros: `(1 - eps) * value + eps / n`."
     )
 
-    def _test(self, v, xp):
-        tol = _errors.tolerance(_float_dtype(v))
-        total = xp.sum(v, axis=-1)
-        positive = xp.all((v > 0) & (v < np.inf), axis=-1)
-        return positive & (xp.abs(total - 1) <= tol)
+    def _test(self, v):
+        positive = jnp.all((v > 0) & (v < jnp.inf), axis=-1)
+        return positive & (jnp.abs(jnp.sum(v, axis=-1) - 1) <= _tolerance(v))
 
     def _shape_error(self, shape):
         if len(shape) < 1 or shape[-1] < 1:
@@ -326,16 +309,8 @@ class Simplex(_Tested):
     def bijector(self) -> Any:
         return _transforms.SoftmaxCentered()
 
-    def __repr__(self) -> str:
-        return "constraints.simplex"
 
-
-def _float_dtype(v: Any) -> Any:
-    dtype = v.dtype
-    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
-
-
-class _Square(_Tested):
+class _Square(_BuiltIn):
     """A constraint on square matrices."""
 
     event_ndim = 2
@@ -346,14 +321,12 @@ class _Square(_Tested):
         return None
 
 
-def _triangular(v, xp):
+def _triangular(v: Array) -> Array:
     """Lower-triangular with a finite, positive diagonal (one flag per matrix)."""
-    n = v.shape[-1]
-    upper = np.triu(np.ones((n, n), bool), 1)
-    finite = xp.all(xp.isfinite(v), axis=(-2, -1))
-    zero_above = xp.all(xp.where(upper, v == 0, True), axis=(-2, -1))
-    diagonal = xp.diagonal(v, axis1=-2, axis2=-1)
-    return finite & zero_above & xp.all(diagonal > 0, axis=-1)
+    finite = jnp.all(jnp.isfinite(v), axis=(-2, -1))
+    zero_above = jnp.all(jnp.triu(v, 1) == 0, axis=(-2, -1))
+    diagonal = jnp.diagonal(v, axis1=-2, axis2=-1)
+    return finite & zero_above & jnp.all(diagonal > 0, axis=-1)
 
 
 class LowerCholesky(_Square):
@@ -365,14 +338,11 @@ class LowerCholesky(_Square):
         "negative (`L @ L.T` is unchanged) and zero the upper triangle."
     )
 
-    def _test(self, v, xp):
-        return _triangular(v, xp)
+    def _test(self, v):
+        return _triangular(v)
 
     def bijector(self) -> Any:
         return _transforms.LowerCholesky()
-
-    def __repr__(self) -> str:
-        return "constraints.lower_cholesky"
 
 
 class CorrCholesky(_Square):
@@ -385,16 +355,13 @@ class CorrCholesky(_Square):
         "or normalise each row of a Cholesky factor to unit norm."
     )
 
-    def _test(self, v, xp):
-        tol = _errors.tolerance(_float_dtype(v))
-        norms = xp.sum(xp.where(xp.isfinite(v), v, 0) ** 2, axis=-1)
-        return _triangular(v, xp) & xp.all(xp.abs(norms - 1) <= tol, axis=-1)
+    def _test(self, v):
+        norms = jnp.sum(jnp.where(jnp.isfinite(v), v, 0) ** 2, axis=-1)
+        unit = jnp.all(jnp.abs(norms - 1) <= _tolerance(v), axis=-1)
+        return _triangular(v) & unit
 
     def bijector(self) -> Any:
         return _transforms.CorrCholesky()
-
-    def __repr__(self) -> str:
-        return "constraints.corr_cholesky"
 
 
 class PositiveDefinite(_Square):
@@ -406,22 +373,19 @@ class PositiveDefinite(_Square):
         "(`A + 1e-6 * jnp.eye(n)`)."
     )
 
-    def _test(self, v, xp):
-        tol = _errors.tolerance(_float_dtype(v))
-        finite = xp.all(xp.isfinite(v), axis=(-2, -1))
-        n = v.shape[-1]
-        safe = xp.where(finite[..., None, None], v, np.eye(n, dtype=v.dtype))
-        vt = xp.swapaxes(safe, -1, -2)
-        scale = xp.max(xp.abs(safe), axis=(-2, -1))
-        symmetric = xp.all(xp.abs(safe - vt) <= tol * scale[..., None, None], (-2, -1))
-        eigenvalues = xp.linalg.eigvalsh((safe + vt) / 2)
-        return finite & symmetric & xp.all(eigenvalues > 0, axis=-1)
+    def _test(self, v):
+        finite = jnp.all(jnp.isfinite(v), axis=(-2, -1))
+        safe = jnp.where(
+            finite[..., None, None], v, jnp.eye(v.shape[-1], dtype=v.dtype)
+        )
+        vt = jnp.swapaxes(safe, -1, -2)
+        scale = jnp.max(jnp.abs(safe), axis=(-2, -1))[..., None, None]
+        symmetric = jnp.all(jnp.abs(safe - vt) <= _tolerance(v) * scale, (-2, -1))
+        eigenvalues = jnp.linalg.eigvalsh((safe + vt) / 2)
+        return finite & symmetric & jnp.all(eigenvalues > 0, axis=-1)
 
     def bijector(self) -> Any:
         return _transforms.PositiveDefinite()
-
-    def __repr__(self) -> str:
-        return "constraints.positive_definite"
 
 
 real = Real()
@@ -450,15 +414,15 @@ def interval(low: ArrayLike, high: ArrayLike) -> Constraint:
     An infinite scalar bound gives the one-sided constraint: `interval(0, inf)` is
     `greater_than(0)`, `interval(-inf, inf)` is `real`.
     """
-    lo = None if _errors.is_traced(low) else np.asarray(low)
-    hi = None if _errors.is_traced(high) else np.asarray(high)
-    if lo is not None and lo.ndim == 0 and lo == -np.inf:
-        if hi is not None and hi.ndim == 0 and hi == np.inf:
-            return real
-        return LessThan(high)
-    if hi is not None and hi.ndim == 0 and hi == np.inf:
-        return GreaterThan(low)
-    return Interval(low, high)
+
+    def infinite(x: Any, sign: int) -> bool:
+        if _errors.is_traced(x) or np.ndim(x) != 0:
+            return False
+        return bool(np.asarray(x) == sign * np.inf)
+
+    if infinite(low, -1):
+        return real if infinite(high, 1) else LessThan(high)
+    return GreaterThan(low) if infinite(high, 1) else Interval(low, high)
 
 
 # --- constraint -> default bijector ------------------------------------------------
@@ -566,26 +530,20 @@ def _from_numpyro(c: Any) -> Constraint | None:
     """numpyro's public constraint objects, by class name and public attributes."""
     if not type(c).__module__.startswith("numpyro"):
         return None
-    name = type(c).__name__.lstrip("_")
-    simple = {
-        "Real": real,
-        "Positive": positive,
-        "SoftplusPositive": positive,
-        "Nonnegative": nonnegative,
-        "UnitInterval": unit_interval,
-        "Simplex": simplex,
-        "LowerCholesky": lower_cholesky,
-        "PositiveDefinite": positive_definite,
-        "CorrCholesky": corr_cholesky,
+    name = _snake(type(c).__name__.lstrip("_"))
+    ours = (real, positive, nonnegative, simplex, lower_cholesky, corr_cholesky)
+    simple: dict[str, Constraint] = {
+        _snake(type(k).__name__): k for k in (*ours, positive_definite)
     }
+    simple.update(unit_interval=unit_interval, softplus_positive=positive)
     if name in simple:
         return simple[name]
-    if name == "GreaterThan":
+    if name == "greater_than":
         return greater_than(c.lower_bound)
-    if name == "GreaterThanEq" and np.all(np.asarray(c.lower_bound) == 0):
+    if name == "greater_than_eq" and np.all(np.asarray(c.lower_bound) == 0):
         return nonnegative
-    if name == "LessThan":
+    if name == "less_than":
         return less_than(c.upper_bound)
-    if name in ("Interval", "OpenInterval"):
+    if name in ("interval", "open_interval"):
         return interval(c.lower_bound, c.upper_bound)
     return None

@@ -42,7 +42,7 @@ def resolve(tree: PyTree) -> PyTree:
     def value(x: Any) -> Any:
         if isinstance(x, Node):
             return x.unwrap()
-        if isinstance(x, kinds):  # paramax: our nodes inside first, then its unwrap
+        if module is not None and isinstance(x, kinds):  # paramax: ours inside first
             inner = jtu.tree_map(
                 value, x, is_leaf=lambda y: y is not x and isinstance(y, kinds)
             )

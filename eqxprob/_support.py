@@ -21,53 +21,12 @@ from jaxtyping import Array
 from . import _constraint, _errors
 
 
-def _nonnegative(d: Any, v: Array) -> Array:
-    return v >= 0
-
-
-def _unit(d: Any, v: Array) -> Array:
-    return (v >= 0) & (v <= 1)
-
-
-def _between(d: Any, v: Array) -> Array:
-    return (v >= d.low) & (v <= d.high)
-
-
 def _simplex(d: Any, v: Array) -> Array:
     tol = _errors.tolerance(v.dtype)
     return jnp.all(v >= 0, axis=-1) & (jnp.abs(jnp.sum(v, axis=-1) - 1) <= tol)
 
 
-_RULES: dict[str, Callable[[Any, Array], Array]] = {
-    **dict.fromkeys(
-        [
-            "Chi",
-            "Chi2",
-            "Exponential",
-            "Gamma",
-            "HalfCauchy",
-            "HalfNormal",
-            "HalfStudentT",
-            "InverseGamma",
-            "InverseGaussian",
-            "LogLogistic",
-            "LogNormal",
-            "Weibull",
-        ],
-        _nonnegative,
-    ),
-    "Beta": _unit,
-    "Kumaraswamy": _unit,
-    "Uniform": _between,
-    "TruncatedNormal": _between,
-    "Pareto": lambda d, v: v >= d.scale,
-    "Dirichlet": _simplex,
-    "CholeskyLKJ": lambda d, v: _constraint.corr_cholesky.check(v),
-    "LKJCholesky": lambda d, v: _constraint.corr_cholesky.check(v),
-}
-
-
-def _integer(v: Array) -> Array:
+def _integer(d: Any, v: Array) -> Array:
     return (v >= 0) & (v == jnp.floor(v))
 
 
@@ -85,22 +44,29 @@ def _lkj(d: Any, v: Array) -> Array:
     return _constraint.positive_definite.check(v) & unit
 
 
-_RULES.update(
-    {
-        "WishartTriL": _wishart,
-        "LKJ": _lkj,
-        "Poisson": lambda d, v: _integer(v),
-        "Geometric": lambda d, v: _integer(v),
-        "NegativeBinomial": lambda d, v: _integer(v),
-        "Binomial": lambda d, v: _integer(v) & (v <= d.total_count),
-        "Bernoulli": lambda d, v: (v == 0) | (v == 1),
-    }
-)
+_NONNEGATIVE = """Chi Chi2 Exponential Gamma HalfCauchy HalfNormal HalfStudentT
+    InverseGamma InverseGaussian LogLogistic LogNormal Weibull""".split()
+_RULES: dict[str, Callable[[Any, Array], Array]] = {
+    **dict.fromkeys(_NONNEGATIVE, lambda d, v: v >= 0),
+    **dict.fromkeys(["Beta", "Kumaraswamy"], lambda d, v: (v >= 0) & (v <= 1)),
+    **dict.fromkeys(
+        ["Uniform", "TruncatedNormal"], lambda d, v: (v >= d.low) & (v <= d.high)
+    ),
+    **dict.fromkeys(["Poisson", "Geometric", "NegativeBinomial"], _integer),
+    **dict.fromkeys(
+        ["CholeskyLKJ", "LKJCholesky"], lambda d, v: _constraint.corr_cholesky.check(v)
+    ),
+    "Pareto": lambda d, v: v >= d.scale,
+    "Dirichlet": _simplex,
+    "WishartTriL": _wishart,
+    "LKJ": _lkj,
+    "Binomial": lambda d, v: _integer(d, v) & (v <= d.total_count),
+    "Bernoulli": lambda d, v: (v == 0) | (v == 1),
+}
 
 
 def _raw(prior: Any) -> Any:
-    instantiate = getattr(type(prior), "instantiate", None)
-    return prior.instantiate() if instantiate is not None else prior
+    return prior.instantiate() if hasattr(type(prior), "instantiate") else prior
 
 
 def _event_ndim(d: Any) -> int:
@@ -123,12 +89,12 @@ def in_support(prior: Any, value: Array) -> Array | None:
         return jnp.asarray(support(value))
     name = type(raw).__name__
     value = jnp.asarray(value)
-    if name == "Independent":  # distrax and TFP
+    if name in ("Independent", "Sample"):  # distrax and TFP; TFP
         base = in_support(raw.distribution, value)
-        return None if base is None else _all_last(base, raw.reinterpreted_batch_ndims)
-    if name == "Sample":  # TFP
-        base = in_support(raw.distribution, value)
-        k = len(np.atleast_1d(np.asarray(raw.sample_shape)))
+        if name == "Independent":
+            k = raw.reinterpreted_batch_ndims
+        else:
+            k = len(np.atleast_1d(np.asarray(raw.sample_shape)))
         return None if base is None else _all_last(base, k)
     if name in ("Transformed", "TransformedDistribution"):  # distrax, TFP
         x = raw.bijector.inverse(value)

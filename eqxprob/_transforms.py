@@ -7,24 +7,23 @@ accept a `FixedDistrax` bijector, a raw distrax/TFP/numpyro bijector (rebuilt as
 wrapper by `FixedDistrax.from_instance`), a plain callable (forward only) and whatever
 a registered factory returns.
 
-The built-in bijectors are small `eqx.Module`s rather than `FixedDistrax(tfb.X)`:
-they agree with TFP to rounding (see the tests) but trace about four times faster.
-Each `forward_log_det_jacobian` is the density correction with respect to the
+The built-in bijectors are small `eqx.Module`s (subclasses of `BuiltIn`) rather
+than `FixedDistrax(tfb.X)`; they agree with TFP to rounding (see the tests). Each
+`forward_log_det_jacobian` is the density correction with respect to the
 constraint's own measure: for a simplex, the first `n - 1` coordinates; for a
 Cholesky factor, the lower-triangle entries; for a covariance matrix, its lower
 triangle; for a correlation Cholesky factor, the strictly lower triangle. A prior
 pushed back to unconstrained space through them integrates to one.
 
-**Where to add a transform:** a new `eqx.Module` with `forward`, `inverse`,
+**Where to add a transform:** a new `BuiltIn` subclass with `forward`, `inverse`,
 `forward_log_det_jacobian`, `event_ndim` and `name` below.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import distrax
 import equinox as eqx
@@ -57,32 +56,28 @@ def inverse_softplus(y: Array) -> Array:
     return _newton(jax.nn.softplus, jax.nn.sigmoid, x, y)
 
 
-def _bound_array(x: Any) -> Array:
-    """A bound as a float array in its own (canonical) dtype; tracers as they are."""
-    if isinstance(x, jax.Array):
-        return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(float)
-    x = np.asarray(x)
-    dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.float64
-    return jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(dtype))
-
-
 def _like(bound: Array, x: Array) -> Array:
     """`bound` in `x`'s floating dtype, so a float32 parameter stays float32 when
     its bounds were given in float64 (a no-op when the dtypes agree)."""
     dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        return bound
-    return bound.astype(dtype)
+    return bound.astype(dtype) if jnp.issubdtype(dtype, jnp.floating) else bound
 
 
-class Identity(eqx.Module):
+class BuiltIn(eqx.Module):
+    """A built-in bijector: `event_ndim`, `name` for messages, and the magnitude
+    `round_trip_scale(y)` that the round-trip tolerance is relative to, besides
+    the value itself."""
+
+    event_ndim: ClassVar[int] = 0
+
+    def round_trip_scale(self, y: Array) -> Any:
+        return 0.0
+
+
+class Identity(BuiltIn):
     """`x ↦ x`."""
 
-    event_ndim = 0
     name = "identity"
-
-    def round_trip_scale(self, y, xp):
-        return 0.0
 
     def forward(self, x: Array) -> Array:
         return x
@@ -94,18 +89,14 @@ class Identity(eqx.Module):
         return jnp.zeros_like(x)
 
 
-class Softplus(eqx.Module):
+class Softplus(BuiltIn):
     """`x ↦ log(1 + eˣ)`, onto `(0, ∞)`; with `floor=True` the inverse maps 0 to
     the smallest normal number's preimage, so `nonnegative` values round-trip."""
 
     floor: bool = eqx.field(static=True, default=False)
-    event_ndim = 0
+    name = "softplus"
 
-    @property
-    def name(self) -> str:
-        return "softplus"
-
-    def round_trip_scale(self, y, xp):
+    def round_trip_scale(self, y):
         # With the floor, values near 0 may resolve to a few times the smallest
         # normal number: an absolute error, fine for a support that includes 0.
         info = np.finfo(y.dtype)
@@ -123,16 +114,15 @@ class Softplus(eqx.Module):
         return jax.nn.log_sigmoid(x)
 
 
-class SoftplusFrom(eqx.Module):
+class SoftplusFrom(BuiltIn):
     """`x ↦ origin + sign·softplus(x)`: onto `(origin, ∞)` for `sign = 1`, onto
     `(-∞, origin)` for `sign = -1`."""
 
     origin: Array
     sign: float = eqx.field(static=True)
-    event_ndim = 0
 
     def __init__(self, origin: Any, sign: float):
-        self.origin = _bound_array(origin)
+        self.origin = _errors.as_float(origin, "origin")
         self.sign = float(sign)
 
     @property
@@ -140,8 +130,8 @@ class SoftplusFrom(eqx.Module):
         op = "+" if self.sign > 0 else "-"
         return f"{_errors.short(self.origin)} {op} softplus"
 
-    def round_trip_scale(self, y, xp):
-        return xp.abs(self.origin.astype(y.dtype))
+    def round_trip_scale(self, y):
+        return jnp.abs(self.origin.astype(y.dtype))
 
     def forward(self, x: Array) -> Array:
         return _like(self.origin, x) + self.sign * jax.nn.softplus(x)
@@ -153,23 +143,23 @@ class SoftplusFrom(eqx.Module):
         return jax.nn.log_sigmoid(x)
 
 
-class Sigmoid(eqx.Module):
+class Sigmoid(BuiltIn):
     """`x ↦ high·σ(x) + low·σ(-x)`, onto `(low, high)`; exact near either bound and
     free of overflow for bounds up to the dtype's maximum."""
 
     low: Array
     high: Array
-    event_ndim = 0
 
     def __init__(self, low: Any, high: Any):
-        self.low, self.high = _bound_array(low), _bound_array(high)
+        self.low = _errors.as_float(low, "low")
+        self.high = _errors.as_float(high, "high")
 
     @property
     def name(self) -> str:
         return f"sigmoid({_errors.short(self.low)}, {_errors.short(self.high)})"
 
-    def round_trip_scale(self, y, xp):
-        return xp.maximum(xp.abs(self.low), xp.abs(self.high)).astype(y.dtype)
+    def round_trip_scale(self, y):
+        return jnp.maximum(jnp.abs(self.low), jnp.abs(self.high)).astype(y.dtype)
 
     def forward(self, x: Array) -> Array:
         low, high = _like(self.low, x), _like(self.high, x)
@@ -200,17 +190,16 @@ def _tril_layout(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _side(m: int, offset: int = 0) -> int:
     """`n` such that `m = n(n+1)/2` (`offset=0`) or `n(n-1)/2` (`offset=1`)."""
-    k = int(np.sqrt(8 * m + 1) - 1) // 2
-    for n in (k, k + 1, k + 2):
-        if n >= 1 and (n - offset) * (n - offset + 1) // 2 == m:
-            return n
-    need = "n(n+1)/2" if offset == 0 else "n(n-1)/2"
-    raise ValueError(
-        f"the parameter's last axis has {m} entries, which is not {need} for any n."
-    )
+    k = round((np.sqrt(8 * m + 1) - 1) / 2)
+    if k * (k + 1) // 2 != m or k + offset < 1:
+        need = "n(n+1)/2" if offset == 0 else "n(n-1)/2"
+        raise ValueError(
+            f"the parameter's last axis has {m} entries, which is not {need} for any n."
+        )
+    return k + offset
 
 
-class LowerCholesky(eqx.Module):
+class LowerCholesky(BuiltIn):
     """A vector of `n(n+1)/2` reals ↦ lower-triangular `n × n`, positive diagonal.
 
     The vector holds the lower triangle row by row (`L[0,0], L[1,0], L[1,1],
@@ -219,9 +208,6 @@ class LowerCholesky(eqx.Module):
 
     event_ndim = 1
     name = "lower_cholesky"
-
-    def round_trip_scale(self, y, xp):
-        return 0.0
 
     def forward(self, x: Array) -> Array:
         x = jnp.asarray(x)
@@ -240,7 +226,7 @@ class LowerCholesky(eqx.Module):
         return jnp.sum(jax.nn.log_sigmoid(x[..., diag]), axis=-1)
 
 
-class PositiveDefinite(eqx.Module):
+class PositiveDefinite(BuiltIn):
     """A vector of `n(n+1)/2` reals ↦ `L Lᵀ`, with `L` from `LowerCholesky`.
 
     The log-det is with respect to the lower triangle of the covariance matrix
@@ -251,8 +237,8 @@ class PositiveDefinite(eqx.Module):
     event_ndim = 1
     name = "positive_definite (L Lᵀ)"
 
-    def round_trip_scale(self, y, xp):
-        return xp.max(xp.abs(y), axis=(-2, -1), keepdims=True)
+    def round_trip_scale(self, y):
+        return jnp.max(jnp.abs(y), axis=(-2, -1), keepdims=True)
 
     def forward(self, x: Array) -> Array:
         chol = LowerCholesky().forward(x)
@@ -270,7 +256,7 @@ class PositiveDefinite(eqx.Module):
         return inner + log2n + jnp.sum(powers * jnp.log(diag), axis=-1)
 
 
-class CorrCholesky(eqx.Module):
+class CorrCholesky(BuiltIn):
     """A vector of `n(n-1)/2` reals ↦ the Cholesky factor of a correlation matrix.
 
     Row `i` of the factor is `[zᵢ, 1] / ‖[zᵢ, 1]‖`, where `zᵢ` holds the next `i`
@@ -282,15 +268,12 @@ class CorrCholesky(eqx.Module):
     event_ndim = 1
     name = "corr_cholesky"
 
-    def round_trip_scale(self, y, xp):
+    def round_trip_scale(self, y):
         return 1.0
 
     def forward(self, x: Array) -> Array:
-        x = jnp.asarray(x)
-        n = _side(x.shape[-1], offset=1)
-        rows, cols = np.tril_indices(n, -1)
-        z = jnp.zeros((*x.shape[:-1], n, n), x.dtype).at[..., rows, cols].set(x)
-        z = z + jnp.eye(n, dtype=x.dtype)
+        z = _strictly_lower(x)
+        z = z + jnp.eye(z.shape[-1], dtype=z.dtype)
         return z / jnp.linalg.norm(z, axis=-1, keepdims=True)
 
     def inverse(self, y: Array) -> Array:
@@ -300,14 +283,21 @@ class CorrCholesky(eqx.Module):
         return (y / diagonal[..., :, None])[..., rows, cols]
 
     def forward_log_det_jacobian(self, x: Array) -> Array:
-        n = _side(x.shape[-1], offset=1)
-        rows, cols = np.tril_indices(n, -1)
-        z = jnp.zeros((*x.shape[:-1], n, n), x.dtype).at[..., rows, cols].set(x)
-        i = np.arange(n).astype(x.dtype)
+        z = _strictly_lower(x)
+        i = np.arange(z.shape[-1]).astype(z.dtype)
         return -jnp.sum((i + 2) / 2 * jnp.log1p(jnp.sum(z**2, axis=-1)), axis=-1)
 
 
-class SoftmaxCentered(eqx.Module):
+def _strictly_lower(x: Array) -> Array:
+    """The `n × n` matrix whose strictly lower triangle holds `x`'s last axis,
+    row by row; zeros elsewhere."""
+    x = jnp.asarray(x)
+    n = _side(x.shape[-1], offset=1)
+    rows, cols = np.tril_indices(n, -1)
+    return jnp.zeros((*x.shape[:-1], n, n), x.dtype).at[..., rows, cols].set(x)
+
+
+class SoftmaxCentered(BuiltIn):
     """`x ∈ ℝⁿ⁻¹ ↦ softmax([x, 0])` on the open simplex.
 
     The forward map is `tfb.SoftmaxCentered`'s, but the log-det is with respect to
@@ -317,9 +307,6 @@ class SoftmaxCentered(eqx.Module):
 
     event_ndim = 1
     name = "softmax_centered"
-
-    def round_trip_scale(self, y, xp):
-        return 0.0
 
     def forward(self, x: Array) -> Array:
         return jax.nn.softmax(_append_zero(x), axis=-1)
@@ -335,35 +322,15 @@ def _append_zero(x: Array) -> Array:
     return jnp.concatenate([x, jnp.zeros((*x.shape[:-1], 1), x.dtype)], axis=-1)
 
 
-BUILT_INS = (
-    Identity,
-    Softplus,
-    SoftplusFrom,
-    Sigmoid,
-    LowerCholesky,
-    PositiveDefinite,
-    CorrCholesky,
-    SoftmaxCentered,
-)
-
-
 # ------------------------------------------------------------------- the adapter
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
 class _Held:
     """A static transform, compared and hashed by `key` rather than by identity."""
 
-    __slots__ = ("value", "key")
-
-    def __init__(self, value: Any, key: Any):
-        self.value = value
-        self.key = key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Held) and self.key == other.key
+    value: Any = dataclasses.field(compare=False)
+    key: Any
 
     def __repr__(self) -> str:
         return describe(self.value)
@@ -378,26 +345,17 @@ class Static(eqx.Module):
         return describe(self.held.value)
 
 
-def _distrax_key(bijector: distrax.Bijector) -> Any:
-    """Class and attributes, recursively; `None` if it holds arrays."""
-
-    def freeze(x: Any) -> Any:
-        if isinstance(x, distrax.Bijector):
-            return (type(x), tuple((k, freeze(v)) for k, v in sorted(vars(x).items())))
-        if isinstance(x, (list, tuple)):
-            return (type(x), tuple(map(freeze, x)))
-        if isinstance(x, dict):
-            return (dict, tuple((k, freeze(v)) for k, v in sorted(x.items())))
-        if eqx.is_array(x):
-            raise TypeError
-        return (type(x), x)
-
-    try:
-        key = freeze(bijector)
-        hash(key)
-    except TypeError:
-        return None
-    return key
+def _distrax_key(x: Any) -> Any:
+    """Class and attributes, recursively; a `TypeError` if it holds arrays."""
+    if isinstance(x, distrax.Bijector):
+        return (type(x), _distrax_key(vars(x)))
+    if isinstance(x, dict):
+        return (dict, tuple((k, _distrax_key(v)) for k, v in sorted(x.items())))
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(map(_distrax_key, x)))
+    if eqx.is_array(x):
+        raise TypeError("holds arrays")
+    return (type(x), x)
 
 
 def as_transform(transform: Any, owner: str) -> Any:
@@ -406,7 +364,7 @@ def as_transform(transform: Any, owner: str) -> Any:
     `owner` names the parameter or function for error messages.
     """
     name = type(transform).__name__
-    if isinstance(transform, (Static, *BUILT_INS)):
+    if isinstance(transform, (Static, BuiltIn)):
         return transform
     if isinstance(transform, FixedDistrax):
         if transform.is_distribution:
@@ -416,10 +374,11 @@ def as_transform(transform: Any, owner: str) -> Any:
             )
         return transform
     if isinstance(transform, distrax.Bijector):
-        # Without arrays: static, compared by value (cheaper than a wrapper).
-        key = _distrax_key(transform)
-        if key is not None:
+        try:  # without arrays: static, compared by value
+            hash(key := _distrax_key(transform))
             return Static(_Held(transform, key))
+        except TypeError:
+            pass
     if _families.is_raw_bijector(transform):
         try:
             return wrap_instance(transform)  # TFP, numpyro, distrax
@@ -448,33 +407,30 @@ def _held(transform: Any) -> Any:
     return transform.held.value if isinstance(transform, Static) else transform
 
 
-def _method(transform: Any, name: str) -> Callable[..., Any] | None:
-    transform = _held(transform)
-    if isinstance(transform, eqx.Module):
-        # Equinox builds a bound-method object at each access; this is cheaper.
-        function = getattr(type(transform), name, None)
-        if inspect.isfunction(function):
-            return functools.partial(function, transform)
-    method = getattr(transform, name, None)
-    if method is None and name == "forward" and callable(transform):
-        return transform
+def _method(
+    transform: Any, name: str, owner: str | None = None, action: str = ""
+) -> Any:
+    """`transform`'s method `name` (a plain callable is its own `forward`); `None`
+    if it has none, or a `TypeError` naming `owner` if `owner` is given."""
+    held = _held(transform)
+    method = getattr(held, name, None)
+    if method is None and name == "forward" and callable(held):
+        return held
+    if method is None and owner is not None:
+        plain = " (a plain callable is forward only)" if callable(held) else ""
+        raise TypeError(
+            f"{owner}: the bijector {describe(transform)} has no `{name}`{plain}, so "
+            f"it cannot {action}. Use a bijector with `forward`, `inverse` "
+            "and `forward_log_det_jacobian`: `ep.FixedDistrax(tfb.Sigmoid)`, a raw "
+            "distrax or TFP bijector, or an `eqx.Module` with those methods."
+        )
     return method
-
-
-def _missing(transform: Any, name: str, action: str, owner: str) -> TypeError:
-    plain = " (a plain callable is forward only)" if callable(_held(transform)) else ""
-    return TypeError(
-        f"{owner}: the bijector {describe(transform)} has no `{name}`{plain}, so it "
-        f"cannot {action}. Use a bijector with `forward`, `inverse` "
-        "and `forward_log_det_jacobian`: `ep.FixedDistrax(tfb.Sigmoid)`, a raw "
-        "distrax or TFP bijector, or an `eqx.Module` with those methods."
-    )
 
 
 def forward(transform: Any, x: Array) -> Array:
     """`y = f(x)`."""
     # `as_transform` admits only transforms with a `forward` or callables.
-    return _method(transform, "forward")(x)  # pyright: ignore[reportOptionalCall]
+    return _method(transform, "forward")(x)
 
 
 def has_inverse(transform: Any) -> bool:
@@ -483,18 +439,14 @@ def has_inverse(transform: Any) -> bool:
 
 def inverse(transform: Any, y: Array, owner: str) -> Array:
     """`x = f⁻¹(y)`; a `TypeError` naming `owner` if `transform` has no inverse."""
-    method = _method(transform, "inverse")
-    if method is None:
-        raise _missing(
-            transform, "inverse", "map a value to unconstrained space", owner
-        )
-    return method(y)
+    action = "map a value to unconstrained space"
+    return _method(transform, "inverse", owner, action)(y)
 
 
 def event_ndim(transform: Any) -> int | None:
     """How many trailing axes of `x` one log-det term consumes, if known."""
     held = _held(transform)
-    if isinstance(held, BUILT_INS):
+    if isinstance(held, BuiltIn):
         return held.event_ndim
     if isinstance(held, (FixedDistrax, distrax.Bijector)):
         return held.event_ndims_in
@@ -503,12 +455,8 @@ def event_ndim(transform: Any) -> int | None:
 
 def log_det(transform: Any, x: Array, owner: str) -> Array:
     """`log|det J f(x)|` per batch element, w.r.t. the support's own measure."""
-    method = _method(transform, "forward_log_det_jacobian")
-    if method is None:
-        raise _missing(
-            transform, "forward_log_det_jacobian", "give a log-det-Jacobian", owner
-        )
-    value = method(x)
+    name, action = "forward_log_det_jacobian", "give a log-det-Jacobian"
+    value = _method(transform, name, owner, action)(x)
     ndim = event_ndim(transform)
     if ndim is not None:
         # TFP returns a constant Jacobian's log-det unbroadcast (`tfb.Scale(3.)`
@@ -532,36 +480,29 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
 
 
 def _holds_softmax_centered(wrapper: FixedDistrax) -> bool:
-    if wrapper.cls is tfb.SoftmaxCentered:
-        return True
-    inner = jtu.tree_leaves(
-        wrapper.arguments, is_leaf=lambda x: isinstance(x, FixedDistrax)
-    )
-    return any(
-        isinstance(b, FixedDistrax) and _holds_softmax_centered(b) for b in inner
+    is_wrapper = lambda x: isinstance(x, FixedDistrax)  # noqa: E731
+    inner = jtu.tree_leaves(wrapper.arguments, is_leaf=is_wrapper)
+    return wrapper.cls is tfb.SoftmaxCentered or any(
+        is_wrapper(b) and _holds_softmax_centered(b) for b in inner
     )
 
 
 def round_trip_error(transform: Any, value: Any, back: Any) -> Any:
     """Where `forward(inverse(value))` misses `value` by more than the dtype's
     tolerance (relative to the value, or to the bounds' magnitude), for the
-    built-in bijectors; `None` for others. Host arrays in, host flags out (or
-    traced in and out)."""
+    built-in bijectors; `None` for others."""
     held = _held(transform)
-    if not isinstance(held, BUILT_INS):
+    if not isinstance(held, BuiltIn):
         return None
-    xp = jnp if _errors.is_traced(value) or _errors.is_traced(back) else np
-    if xp is np:
-        held = jtu.tree_map(np.asarray, held)
-    scale = xp.maximum(xp.abs(value), held.round_trip_scale(value, xp))
-    return xp.abs(back - value) > _errors.tolerance(value.dtype) * scale
+    scale = jnp.maximum(jnp.abs(value), held.round_trip_scale(value))
+    return jnp.abs(back - value) > _errors.tolerance(value.dtype) * scale
 
 
 def describe(transform: Any) -> str:
     """A public name for messages and printing: `softplus`, `tfb.Exp`, ..."""
     held = _held(transform)
-    if isinstance(held, BUILT_INS):
-        return held.name
+    if isinstance(held, BuiltIn):
+        return held.name  # pyright: ignore[reportAttributeAccessIssue]
     if isinstance(held, FixedDistrax):
         return _families.family_of(held.cls).qualname(held.cls)  # pyright: ignore[reportOptionalMemberAccess]
     if isinstance(held, distrax.Bijector):

@@ -44,27 +44,4 @@ from ._constraint import (
 )
 
 
-__all__ = [
-    "Constraint",
-    "CorrCholesky",
-    "GreaterThan",
-    "Interval",
-    "LessThan",
-    "LowerCholesky",
-    "Nonnegative",
-    "Positive",
-    "PositiveDefinite",
-    "Real",
-    "Simplex",
-    "corr_cholesky",
-    "greater_than",
-    "interval",
-    "less_than",
-    "lower_cholesky",
-    "nonnegative",
-    "positive",
-    "positive_definite",
-    "real",
-    "simplex",
-    "unit_interval",
-]
+__all__ = [n for n in dir() if not n.startswith("_")]
