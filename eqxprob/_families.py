@@ -25,7 +25,6 @@ float when given as integer arrays); numpyro's `transforms._InverseTransform` (w
 from __future__ import annotations
 
 import abc
-import functools
 import importlib
 import inspect
 import operator
@@ -79,7 +78,6 @@ def _as_tuple(shape: Any) -> tuple[int, ...] | Any:
     return tuple(shape) if isinstance(shape, list) else shape
 
 
-@functools.cache
 def _init_signature(cls: type) -> inspect.Signature:
     """The constructor signature without `self`.
 
@@ -249,7 +247,6 @@ class _TFP(Family):
         return _as_int(obj.forward_min_event_ndims)
 
 
-@functools.cache
 def _continuous_parameters(cls: type) -> frozenset[str]:
     from tensorflow_probability.substrates.jax.internal import parameter_properties
 
