@@ -135,8 +135,11 @@ class _BuiltIn(Constraint):
     @abc.abstractmethod
     def _test(self, v: Array) -> Array: ...
 
-    def __repr__(self) -> str:
-        return f"constraints.{_snake(type(self).__name__)}"
+    def __repr__(self) -> str:  # `constraints.positive`, `constraints.interval(0, 1)`
+        bounds = ", ".join(map(_errors.short, vars(self).values()))
+        return f"constraints.{_snake(type(self).__name__)}" + (
+            f"({bounds})" if bounds else ""
+        )
 
 
 def _snake(name: str) -> str:
@@ -232,9 +235,6 @@ class GreaterThan(_BuiltIn):
     def bijector(self) -> Any:
         return _transforms.SoftplusFrom(self.low, 1.0)
 
-    def __repr__(self) -> str:
-        return f"constraints.greater_than({_errors.short(self.low)})"
-
 
 class LessThan(_BuiltIn):
     """Finite values `< high`."""
@@ -250,9 +250,6 @@ class LessThan(_BuiltIn):
 
     def bijector(self) -> Any:
         return _transforms.SoftplusFrom(self.high, -1.0)
-
-    def __repr__(self) -> str:
-        return f"constraints.less_than({_errors.short(self.high)})"
 
 
 class Interval(_BuiltIn):
@@ -274,10 +271,6 @@ class Interval(_BuiltIn):
 
     def bijector(self) -> Any:
         return _transforms.Sigmoid(self.low, self.high)
-
-    def __repr__(self) -> str:
-        low, high = _errors.short(self.low), _errors.short(self.high)
-        return f"constraints.interval({low}, {high})"
 
 
 def _tolerance(v: Array) -> float:
@@ -398,14 +391,8 @@ corr_cholesky = CorrCholesky()
 positive_definite = PositiveDefinite()
 
 
-def greater_than(low: ArrayLike) -> GreaterThan:
-    """Finite values `> low`."""
-    return GreaterThan(low)
-
-
-def less_than(high: ArrayLike) -> LessThan:
-    """Finite values `< high`."""
-    return LessThan(high)
+greater_than = GreaterThan
+less_than = LessThan
 
 
 def interval(low: ArrayLike, high: ArrayLike) -> Constraint:

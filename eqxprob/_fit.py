@@ -280,8 +280,7 @@ def _arguments(
     numbers of steps, the data (NumPy rows made JAX arrays, indexed by traced
     minibatch indices) and the problem, yet without the model."""
     steps = _positive("steps", steps)
-    most = "1,000,000, the most steps a chunk's losses' buffer holds (the default "
-    most += "rarely needs changing: chunks are timed to last about a quarter second)"
+    most = "1,000,000 (the default rarely needs changing: chunks are timed)"
     chunk_size = _positive("chunk_size", chunk_size, 1_000_000, most)
     optimiser = _optimiser(optimiser)
     if progress not in (True, False):

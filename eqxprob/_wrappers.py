@@ -72,7 +72,20 @@ def float_key(value: Any) -> Any:
     return (type(value), value)
 
 
-class _Const:
+class _Keyed:
+    """Hashed and compared by `_key` (and type)."""
+
+    __slots__ = ()
+    _key: Any
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._key == other._key  # pyright: ignore[reportAttributeAccessIssue]
+
+
+class _Const(_Keyed):
     """A static value inside a dynamic argument (e.g. an int in a list of wrappers).
 
     A pytree node without children whose auxiliary data is itself, so it never
@@ -85,12 +98,6 @@ class _Const:
         self.value = value
         self._key = float_key(value)
 
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Const) and self._key == other._key
-
     def __repr__(self) -> str:
         return repr(self.value)
 
@@ -98,7 +105,7 @@ class _Const:
 jtu.register_pytree_node(_Const, lambda c: ((), c), lambda c, _: c)
 
 
-class _Static:
+class _Static(_Keyed):
     """The static part of a wrapper: argument names, and the non-array arguments.
 
     Stored as a static field, so it hashes and compares by value: two wrappers
@@ -117,12 +124,6 @@ class _Static:
         static_names = {n for n, _ in static}
         self.dynamic = tuple(n for n in names if n not in static_names)
         self._key = (names, tuple((n, float_key(v)) for n, v in static))
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and self._key == other._key
 
     def __repr__(self) -> str:
         return f"_Static({', '.join(f'{n}={v!r}' for n, v in self.static)})"
@@ -242,19 +243,10 @@ def _hide_static(value: Any) -> Any:
     )
 
 
-def _is_const_or_wrapper(x: Any) -> bool:
-    return isinstance(x, (_Const, FixedDistrax))
-
-
 def _show(value: Any) -> Any:
     """A dynamic field's value as given (static parts unhidden)."""
-    if isinstance(value, (jax.Array, np.ndarray, FixedDistrax)):
-        return value
-    return jtu.tree_map(
-        lambda x: x.value if isinstance(x, _Const) else x,
-        value,
-        is_leaf=_is_const_or_wrapper,
-    )
+    unhide = lambda x: x.value if isinstance(x, _Const) else x  # noqa: E731
+    return jtu.tree_map(unhide, value, is_leaf=lambda x: isinstance(x, _Const))
 
 
 _SUBCLASSES: dict[tuple[str, ...], type] = {}
@@ -299,21 +291,34 @@ def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistra
     return self
 
 
+def _call(wrapper: Any, *args: Any, distribution: bool, method: str, **kw: Any) -> Any:
+    """Instantiate `wrapper` and call the uniform `method` on the result."""
+    _check_kind(wrapper, distribution, method)
+    fresh_arrays = _caches(wrapper)
+    obj = _build(wrapper, fresh_arrays)
+    args = tuple(_build(a, fresh_arrays) if _is_wrapper(a) else a for a in args)
+    if fresh_arrays:
+        args = _families.fresh(args)
+    return _family(wrapper.cls).call(obj, method, *args, **kw)
+
+
 class _Forwarded:
     """A forwarded method of the uniform set, named by its attribute: instantiate,
-    then call the family's method of that name (`forward` for `__call__`)."""
+    then call the family's method of that name (`forward` for `__call__`). Bound
+    to a wrapper it is a `jax.tree_util.Partial`, so `jax.jit(d.log_prob)` and
+    `eqx.filter_jit(d.log_prob)` see the wrapper's arrays as arguments."""
 
     def __init__(self, distribution: bool, doc: str):
         self.distribution, self.__doc__ = distribution, doc
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name = "forward" if name == "__call__" else name
+        method = "forward" if name == "__call__" else name
+        self.function = functools.partial(
+            _call, distribution=self.distribution, method=method
+        )
 
     def __get__(self, wrapper: Any, owner: Any = None) -> Any:
-        call = functools.partial(
-            _call, distribution=self.distribution, method=self.name
-        )
-        return call if wrapper is None else functools.partial(call, wrapper)
+        return self.function if wrapper is None else jtu.Partial(self.function, wrapper)
 
 
 def _property(distribution: bool, doc: str) -> Any:
@@ -535,7 +540,46 @@ class FixedDistrax(eqx.Module):
         assert wrapped.forward(1.0) == 3.0
         ```
         """
-        return wrap_instance(obj)
+        if isinstance(obj, FixedDistrax):
+            return obj
+        family = family_of_instance(obj)
+        cls = type(obj)
+        if family is None or not (
+            family.is_distribution_class(cls) or family.is_bijector_class(cls)
+        ):
+            raise TypeError(
+                "FixedDistrax.from_instance expects a distrax, TFP-JAX or numpyro "
+                f"distribution or bijector instance, got {obj!r}."
+            )
+        qualname = family.qualname(cls)
+        how = (
+            f"Wrap it yourself: `ep.FixedDistrax({qualname}, ...)` with its arguments."
+        )
+        try:
+            arguments = family.arguments_of(obj)
+        except TypeError as e:
+            raise TypeError(
+                f"Cannot rebuild the raw {qualname} from its attributes ({e}). {how}"
+            ) from None
+        arguments = jtu.tree_map(
+            lambda x: _cls.from_instance(x) if is_raw(x) else x,
+            arguments,
+            is_leaf=is_raw,
+        )
+        try:
+            wrapped = FixedDistrax(cls, **arguments)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"Cannot rebuild the raw {qualname} from its attributes: {e}. {how}"
+            ) from None
+        if family is not _families.TFP and not _leaves_match(
+            wrapped.instantiate(), obj
+        ):
+            raise TypeError(
+                f"Cannot rebuild the raw {qualname} faithfully from its "
+                f"attributes (the rebuilt object holds different arrays). {how}"
+            )
+        return wrapped
 
     # --- constructor arguments ---------------------------------------------
 
@@ -718,17 +762,6 @@ def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
         )
 
 
-def _call(wrapper: Any, *args: Any, distribution: bool, method: str, **kw: Any) -> Any:
-    """Instantiate `wrapper` and call the uniform `method` on the result."""
-    _check_kind(wrapper, distribution, method)
-    fresh_arrays = _caches(wrapper)
-    obj = _build(wrapper, fresh_arrays)
-    args = tuple(_build(a, fresh_arrays) if _is_wrapper(a) else a for a in args)
-    if fresh_arrays:
-        args = _families.fresh(args)
-    return _family(wrapper.cls).call(obj, method, *args, **kw)
-
-
 def _get(wrapper: Any, distribution: bool, name: str) -> Any:
     """Instantiate `wrapper` and read its property `name`."""
     _check_kind(wrapper, distribution, name)
@@ -742,7 +775,7 @@ def _call_through(method: Any, fresh_arrays: bool, *args: Any, **kwargs: Any) ->
     out = method(*args, **kwargs)
     if is_raw(out):
         try:
-            return wrap_instance(out)
+            return FixedDistrax.from_instance(out)
         except TypeError:
             return out
     return out
@@ -780,45 +813,3 @@ def _leaves_match(a: Any, b: Any) -> bool:
 
     la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
     return len(la) == len(lb) and all(map(same, la, lb))
-
-
-def wrap_instance(obj: Any) -> Any:
-    """`FixedDistrax.from_instance(obj)`."""
-    if isinstance(obj, FixedDistrax):
-        return obj
-    family = family_of_instance(obj)
-    cls = type(obj)
-    if family is None or not (
-        family.is_distribution_class(cls) or family.is_bijector_class(cls)
-    ):
-        raise TypeError(
-            "FixedDistrax.from_instance expects a distrax, TFP-JAX or numpyro "
-            f"distribution or bijector instance, got {obj!r}."
-        )
-    how = (
-        f"Wrap it yourself: `ep.FixedDistrax({family.qualname(cls)}, ...)` with its "
-        "constructor arguments."
-    )
-    try:
-        arguments = family.arguments_of(obj)
-    except TypeError as e:
-        raise TypeError(
-            f"Cannot rebuild the raw {family.qualname(cls)} from its attributes "
-            f"({e}). {how}"
-        ) from None
-    arguments = jtu.tree_map(
-        lambda x: wrap_instance(x) if is_raw(x) else x, arguments, is_leaf=is_raw
-    )
-    try:
-        wrapped = FixedDistrax(cls, **arguments)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"Cannot rebuild the raw {family.qualname(cls)} from its attributes: "
-            f"{e}. {how}"
-        ) from None
-    if family is not _families.TFP and not _leaves_match(wrapped.instantiate(), obj):
-        raise TypeError(
-            f"Cannot rebuild the raw {family.qualname(cls)} faithfully from its "
-            f"attributes (the rebuilt object holds different arrays). {how}"
-        )
-    return wrapped

@@ -16,6 +16,7 @@ import numpyro
 import numpyro.distributions as nd
 import optax
 import pytest
+from _compiles import Compilations
 from _hlo import hlo_op_count
 from tensorflow_probability.substrates import jax as tfp
 
@@ -466,6 +467,29 @@ def test_compiled_log_prob_has_the_same_hlo_as_raw(cls, args):
     wrapped = ep.FixedDistrax(cls, *args)
     raw_ops = hlo_op_count(lambda a, x: cls(*a).log_prob(x), args, x)
     assert hlo_op_count(lambda w, x: w.log_prob(x), wrapped, x) == raw_ops
+
+
+def test_a_bound_method_is_a_pytree_that_jit_traces_once_for_equal_structures():
+    # `d.log_prob` carries its wrapper as a leaf: two wrappers with different arrays
+    # share one compiled program and each gets its own values (not baked constants).
+    first = ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.ones(3))
+    second = ep.FixedDistrax(distrax.Normal, jnp.ones(3), 2.0 * jnp.ones(3))
+    apply = eqx.filter_jit(lambda method, x: method(x))
+    expected = [distrax.Normal(d.loc, d.scale).log_prob(0.5) for d in (first, second)]
+    for jitted in (
+        lambda d: functools.partial(apply, d.log_prob),
+        lambda d: eqx.filter_jit(d.log_prob),
+    ):
+        with Compilations() as compiled:
+            values = [jitted(d)(0.5) for d in (first, second, first)]
+        assert compiled.count == 1
+        for value, reference in zip(values, expected + expected[:1]):
+            _close(value, reference)
+    for d in (first, second):
+        _close(jax.jit(d.log_prob)(0.5), distrax.Normal(d.loc, d.scale).log_prob(0.5))
+    bijector = ep.FixedDistrax(distrax.ScalarAffine, jnp.array(1.0), jnp.array(2.0))
+    assert float(jax.jit(bijector.forward)(jnp.array(1.0))) == 3.0
+    assert float(eqx.filter_jit(lambda b, x: b(x))(bijector, jnp.array(1.0))) == 3.0
 
 
 # --- training ----------------------------------------------------------------
