@@ -193,6 +193,70 @@ def test_gp_training_compiles_like_hand_written_jax(examples):
         assert scan_body <= fit_body <= scan_body + 8
 
 
+def _hand_svgp_loss(m: int, rows: int, t: np.ndarray, w: np.ndarray):
+    """The SVGP example's negative minibatch ELBO (probit link, whitened, RBF)
+    written by hand, over a dict of unconstrained arrays."""
+    r, c = np.tril_indices(m)
+
+    def loss(p, x, y):
+        ls, var = jax.nn.softplus(p["ls"]), jax.nn.softplus(p["var"])
+        lq = (
+            jnp.zeros((m, m))
+            .at[r, c]
+            .set(jnp.where(r == c, jax.nn.softplus(p["tril"]), p["tril"]))
+        )
+
+        def k(a, b):
+            sq = jnp.sum((a[:, None] - b[None]) ** 2, -1)
+            return var * jnp.exp(-0.5 * sq / ls**2)
+
+        lz = jnp.linalg.cholesky(k(p["z"], p["z"]) + 1e-6 * jnp.eye(m))
+        a = jax.scipy.linalg.solve_triangular(lz, k(p["z"], x), lower=True)
+        v = var - jnp.sum(a**2, 0) + jnp.sum((lq.T @ a) ** 2, 0)
+        f = (a.T @ p["m"])[:, None] + jnp.sqrt(2 * jnp.maximum(v, 1e-12))[:, None] * t
+        prob = jax.scipy.stats.norm.cdf(f) * (1 - 2e-3) + 1e-3
+        logp = jnp.where(y[:, None] > 0.5, jnp.log(prob), jnp.log1p(-prob))
+        log_det = jnp.sum(jnp.log(jnp.diag(lq)))
+        kl = 0.5 * (p["m"] @ p["m"] + jnp.sum(lq**2) - m) - log_det
+        return -(rows / x.shape[0] * jnp.sum(logp @ w) - kl)
+
+    return loss
+
+
+def test_svgp_step_compiles_like_hand_written_jax(examples):
+    """The SVGP example's gradient step (wrapped distributions, `ep.lower_cholesky`,
+    the wrapper's analytic KL) calls LAPACK exactly as the same maths written by
+    hand, with at most 5% more instructions (measured: 3%), and gives the same
+    loss and gradient."""
+    svgp = examples("svgp_classification")
+    m, batch, rows = 16, 64, 1000
+    with jax.enable_x64(True):
+        x, y = svgp.make_data(batch, jax.random.key(0))
+        model = svgp.SVGP.init(x[:m], link="probit")
+        params, static = ep.partition(model)
+        loss = svgp.make_loss(rows)
+        ours = lambda p, x, y: loss(eqx.combine(p, static), (x, y))
+        r, c = np.tril_indices(m)
+        hand_params = {
+            "ls": _inv_softplus(1.0), "var": _inv_softplus(1.0), "z": x[:m],
+            "m": jnp.zeros(m), "tril": jnp.where(r == c, _inv_softplus(1.0), 0.0),
+        }  # fmt: skip
+        hand = _hand_svgp_loss(m, rows, *svgp.gauss_hermite())
+        value, grads = jax.value_and_grad(ours)(params, x, y)
+        hand_value, hand_grads = jax.value_and_grad(hand)(hand_params, x, y)
+        np.testing.assert_allclose(value, hand_value, rtol=1e-12)
+        np.testing.assert_allclose(grads.inducing, hand_grads["z"], rtol=1e-9)
+        np.testing.assert_allclose(grads.q_v.loc, hand_grads["m"], atol=1e-9)
+        np.testing.assert_allclose(
+            grads.q_v.scale_tri.param, hand_grads["tril"], rtol=1e-9, atol=1e-9
+        )
+        model_step = _compiled(jax.value_and_grad(ours), params, x, y)
+        hand_step = _compiled(jax.value_and_grad(hand), hand_params, x, y)
+    assert _lapack_calls(hand_step)  # the reference did call LAPACK
+    assert _lapack_calls(model_step) == _lapack_calls(hand_step)
+    assert count_hlo_ops(model_step) <= 1.05 * count_hlo_ops(hand_step)
+
+
 @pytest.mark.standard_promotion("TFP's xlogy jvp in Gamma.log_prob: numpy_math.py:1068")
 def test_map_with_priors_moves_towards_the_priors(examples, capsys):
     example = examples("map_with_priors")
