@@ -32,7 +32,8 @@ bench-smoke: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 benchmarks/test_smoke.py
 
 # Proves the dependency floors in pyproject.toml: resolves the lowest versions of
-# the direct dependencies (`uv pip compile --resolution lowest-direct`), installs
+# the direct dependencies, numpyro's extra included (`uv pip compile
+# --resolution lowest-direct --extra numpyro`), installs
 # exactly those in a fresh throwaway venv, eqxprob itself with --no-deps, and runs
 # .ci/lowest_smoke.py (a quick pass over the core). uv comes from PyPI into a venv
 # of its own there, so this needs only $(PYTHON), the lowest Python supported.
@@ -46,7 +47,7 @@ smoke-lowest:
 	$(PYTHON) -m venv --without-pip "$$tmp/env"; \
 	py="$$tmp/env/bin/python"; \
 	"$$uv" pip compile --quiet --no-config --resolution lowest-direct \
-		--python "$$py" pyproject.toml -o "$$tmp/lowest.txt"; \
+		--extra numpyro --python "$$py" pyproject.toml -o "$$tmp/lowest.txt"; \
 	echo "smoke-lowest: lowest-direct pins:"; grep -v '^ *#' "$$tmp/lowest.txt"; \
 	"$$uv" pip install --quiet --no-config --python "$$py" -r "$$tmp/lowest.txt"; \
 	"$$uv" pip install --quiet --no-config --python "$$py" --no-deps .; \

@@ -15,7 +15,7 @@ start = time.perf_counter()
 
 PACKAGES = [
     "jax", "jaxlib", "equinox", "distrax", "optax", "jaxtyping", "tqdm",
-    "tfp-nightly", "chex", "numpy", "wadler-lindig",
+    "tfp-nightly", "chex", "numpy", "wadler-lindig", "numpyro",
 ]  # fmt: skip
 print(f"python {sys.version.split()[0]}")
 for name in PACKAGES:
@@ -108,5 +108,17 @@ q, losses = ep.fit(
 )
 assert bool(jnp.all(jnp.isfinite(losses))) and q.loc[0] > 0.5, q.loc
 print(f"ok ep.guide + ep.elbo: loc {float(q.loc[0]):.3f}")
+
+
+# 6. The optional numpyro family at its declared floor (the `numpyro` extra).
+import numpyro.distributions as nd  # noqa: E402
+
+
+normal = ep.FixedDistrax(nd.Normal, jnp.array([0.0, 1.0]), jnp.array(2.0))
+g = eqx.filter_grad(lambda d: d.log_prob(jnp.array(1.5)).sum())(normal)
+assert jnp.allclose(g.loc, jnp.array([1.5, 0.5]) / 4.0), g.loc
+affine = ep.FixedDistrax(nd.transforms.AffineTransform, jnp.array(1.0), jnp.array(2.0))
+assert jnp.allclose(affine.forward(jnp.array(1.0)), 3.0)
+print("ok FixedDistrax + eqx.filter_grad (numpyro)")
 
 print(f"smoke passed in {time.perf_counter() - start:.1f}s")

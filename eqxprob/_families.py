@@ -288,7 +288,8 @@ class _Numpyro(Family):
         return require_numpyro().Distribution, require_numpyro().transforms.Transform
 
     def static_floats(self, cls: type) -> frozenset[str]:
-        if issubclass(cls, require_numpyro().transforms.DiscreteCosineTransform):
+        dct = getattr(require_numpyro().transforms, "DiscreteCosineTransform", ())
+        if issubclass(cls, dct):  # (numpyro >= 0.22)
             return frozenset({"smooth"})  # `float(smooth)` when built
         return frozenset()
 
