@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import wadler_lindig as wl
 from jaxtyping import Array
 
 from . import _errors, _families
@@ -343,8 +344,22 @@ class Static(eqx.Module):
 
     held: _Held = eqx.field(static=True)
 
+    def __getattr__(self, name: str) -> Any:
+        # The held transform's own attributes (`forward`, `inverse`, ...), so a
+        # bijector tree's entries answer as the transforms they hold; a plain
+        # callable is its own `forward`.
+        if name.startswith("_") or name == "held":
+            raise AttributeError(name)
+        held = self.held.value
+        if name == "forward" and not hasattr(held, "forward") and callable(held):
+            return held
+        return getattr(held, name)
+
     def __repr__(self) -> str:
         return describe(self.held.value)
+
+    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc:
+        return wl.TextDoc(describe(self.held.value))
 
 
 def _distrax_key(x: Any) -> Any:

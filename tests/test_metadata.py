@@ -93,6 +93,25 @@ def test_bijector_and_prior_trees_mirror_the_model():
     assert priors.mean is None and priors.kernels[1].period is None
 
 
+class _Held(eqx.Module):
+    p: jax.Array = ep.field(constraint=C.unit_interval, bijector=distrax.Sigmoid())
+    q: jax.Array = ep.field(constraint=C.positive, bijector=jax.nn.softplus)
+
+
+def test_a_bijector_tree_entry_answers_as_the_transform_it_holds():
+    # Raw distrax bijectors without arrays and plain callables are held as static
+    # values; their entries still answer `forward`, `inverse` and the log-det as
+    # the raw objects do, and print as them.
+    trees = ep.bijector_tree(_Held(jnp.array(0.3), jnp.array(2.0)))
+    x, raw = jnp.array([-2.0, 0.5, 3.0]), distrax.Sigmoid()
+    _close(trees.p.forward(x), raw.forward(x))
+    _close(trees.p.inverse(raw.forward(x)), raw.inverse(raw.forward(x)))
+    _close(trees.p.forward_log_det_jacobian(x), raw.forward_log_det_jacobian(x))
+    _close(trees.q.forward(x), jax.nn.softplus(x))
+    assert not hasattr(trees.q, "inverse")  # a plain callable is forward only
+    assert eqx.tree_pformat(trees) == "_Held(p=distrax.Sigmoid(), q=softplus)"
+
+
 def test_unconstrain_matches_hand_written_inverses_and_constrain_inverts_it():
     model = _model()
     raw = ep.unconstrain(model)
