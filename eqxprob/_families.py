@@ -341,8 +341,17 @@ def _np_mode(d: Any) -> Any:
         ) from None
 
 
-def _np_sample(d: Any, *, seed: Any, sample_shape: Any = ()) -> Any:
-    """numpyro takes keys only (not Python ints) and shapes as tuples."""
+def _np_sample(
+    d: Any, key: Any = None, sample_shape: Any = (), *, seed: Any = None
+) -> Any:
+    """The uniform `sample(seed=, sample_shape=)`, or numpyro's own `sample(key,
+    sample_shape)`; numpyro takes keys only (not Python ints), shapes as tuples."""
+    if (key is None) == (seed is None):
+        raise TypeError(
+            "sample: pass one PRNG key, as `seed=key` or (numpyro's convention) "
+            "first: `d.sample(key, sample_shape)`."
+        )
+    seed = key if seed is None else seed
     if isinstance(seed, int) and not isinstance(seed, bool):
         seed = jax.random.PRNGKey(seed)
     shape = (sample_shape,) if isinstance(sample_shape, int) else tuple(sample_shape)

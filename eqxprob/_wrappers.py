@@ -362,16 +362,16 @@ class FixedDistrax(eqx.Module):
     `kl_divergence`, `cross_entropy`, `batch_shape`, `event_shape` (tuples) and
     `dtype`. Bijectors forward `forward`, `inverse`, `forward_and_log_det`,
     `inverse_and_log_det`, `forward_log_det_jacobian`, `inverse_log_det_jacobian`
-    and `__call__` (= `forward`): one method set for distrax, TFP and numpyro
-    alike (for numpyro, `mean` is a method as elsewhere and `sample` takes
-    `seed=`). Any other attribute falls through to the instantiated object; a
-    method of it that returns a raw distribution or bijector (numpyro's
-    `to_event`, say) returns it wrapped. An array argument named `mean`
-    (numpyro's `NegativeBinomial2`, `BetaProportion`) is a field like any other,
-    so on such a wrapper `d.mean` is that array, as numpyro's `mean` property is,
-    and `ep.FixedDistrax.mean(d)` calls the forwarded method. (Their objects
-    keep no `mean`, so a method that returns one, `to_event` say, returns it
-    raw.)
+    and `__call__` (= `forward`): one method set for distrax, TFP and numpyro alike
+    (for numpyro, `mean` is a method as elsewhere, and `sample` takes `seed=` as
+    elsewhere or numpyro's own `sample(key, sample_shape)`). Any other attribute
+    falls through to the instantiated object; a method of it that returns a raw
+    distribution or bijector (numpyro's `to_event`, say) returns it wrapped. An
+    array argument named `mean` (numpyro's `NegativeBinomial2`, `BetaProportion`) is
+    a field like any other, so on such a wrapper `d.mean` is that array, as
+    numpyro's `mean` property is, and `ep.FixedDistrax.mean(d)` calls the forwarded
+    method. (Their objects keep no `mean`, so a method that returns one, `to_event`
+    say, returns it raw.)
 
     Construction checks the arguments by building the object once (with any
     `ep.Bijector`/`ep.Frozen` node among them resolved): the library's own checks

@@ -595,6 +595,15 @@ def test_numpyro_uniform_method_set_matches_raw():
         d.sample(seed=KEY, sample_shape=(4,)), raw.sample(KEY, (4,))
     )
     np.testing.assert_array_equal(d.sample(seed=0), raw.sample(KEY))
+    # numpyro's own convention, positional, also under jit and vmap over keys
+    np.testing.assert_array_equal(d.sample(KEY, (4,)), raw.sample(KEY, (4,)))
+    np.testing.assert_array_equal(d.sample(KEY), raw.sample(KEY))
+    keys = jax.random.split(KEY, 3)
+    _close(jax.vmap(jax.jit(d.sample))(keys), jax.vmap(raw.sample)(keys))
+    with pytest.raises(TypeError, match="one PRNG key"):
+        d.sample(KEY, seed=KEY)
+    with pytest.raises(TypeError, match="one PRNG key"):
+        d.sample()
     samples, log_prob = d.sample_and_log_prob(seed=KEY, sample_shape=3)
     _close(log_prob, raw.log_prob(samples))
     assert d.dtype == jnp.float32
