@@ -627,6 +627,15 @@ class FixedDistrax(eqx.Module):
             return functools.partial(_call_through, attribute, fresh_arrays)
         return attribute
 
+    def __getitem__(self, index: Any) -> Any:
+        """`d[index]`: the library's own batch slicing (distrax, TFP), wrapped."""
+        fresh_arrays = _caches(self)
+        obj = _build(self, fresh_arrays)
+        if not hasattr(obj, "__getitem__"):
+            qualname = _family(self.cls).qualname(self.cls)
+            raise TypeError(f"FixedDistrax({qualname}): {qualname} cannot be sliced.")
+        return _call_through(obj.__getitem__, fresh_arrays, index)
+
     def __repr__(self) -> str:
         return (
             f"FixedDistrax({', '.join([self.cls.__name__, *_items(self.arguments)])})"

@@ -492,6 +492,29 @@ def test_a_bound_method_is_a_pytree_that_jit_traces_once_for_equal_structures():
     assert float(eqx.filter_jit(lambda b, x: b(x))(bijector, jnp.array(1.0))) == 3.0
 
 
+@pytest.mark.parametrize(
+    "cls", [distrax.Normal, tfp.distributions.Normal], ids=["distrax", "tfd"]
+)
+def test_slicing_is_the_librarys_own_and_returns_a_wrapper(cls):
+    loc, scale = jnp.arange(4.0), jnp.linspace(1.0, 2.0, 4)
+    d, raw = ep.FixedDistrax(cls, loc, scale), cls(loc, scale)
+    x = jnp.array(0.5)
+    for index in (slice(1, None), slice(None, None, 2), 2, (None, slice(1, 3))):
+        sliced = d[index]
+        assert isinstance(sliced, ep.FixedDistrax) and sliced.batch_shape == tuple(
+            raw[index].batch_shape
+        )
+        _close(sliced.log_prob(x), raw[index].log_prob(x))
+    _close(jax.jit(lambda d: d[1:].log_prob(x))(d), raw[1:].log_prob(x))
+    grads = eqx.filter_grad(lambda d: d[1:].log_prob(x).sum())(d)
+    _close(grads.loc, jax.grad(lambda m: cls(m, scale)[1:].log_prob(x).sum())(loc))
+
+
+def test_slicing_a_class_without_it_names_the_class():
+    with pytest.raises(TypeError, match="numpyro.Normal cannot be sliced"):
+        ep.FixedDistrax(nd.Normal, jnp.zeros(3), 1.0)[1:]
+
+
 # --- training ----------------------------------------------------------------
 
 
