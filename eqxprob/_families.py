@@ -282,7 +282,10 @@ class _Numpyro(Family):
     name = "numpyro"
 
     def owns(self, cls: type) -> bool:
-        return cls.__module__.startswith("numpyro.") and super().owns(cls)
+        # (A class with a numpyro base: numpyro is imported, so asking imports
+        # nothing. User subclasses included, as for distrax and TFP.)
+        numpyro_base = any(c.__module__.startswith("numpyro.") for c in cls.__mro__)
+        return numpyro_base and super().owns(cls)
 
     def bases(self) -> tuple[type, type]:
         return require_numpyro().Distribution, require_numpyro().transforms.Transform

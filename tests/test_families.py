@@ -579,6 +579,30 @@ def test_numpyro_argument_named_mean_is_a_field(cls, other, value):
     _close(event.log_prob(value), raw.to_event(1).log_prob(value))
 
 
+class _ShiftedNormal(nd.Normal):
+    """A user's numpyro subclass (defined outside numpyro), as numpyro documents."""
+
+    def log_prob(self, value):
+        return super().log_prob(value - 1.0)
+
+
+class _DoubleAffine(nt.AffineTransform):
+    def __call__(self, x):
+        return 2.0 * super().__call__(x)
+
+
+def test_numpyro_user_subclasses_are_wrapped_like_distrax_and_tfp_ones():
+    loc, scale, x = jnp.array([0.0, 1.0]), jnp.array([1.0, 2.0]), jnp.array(0.3)
+    d, raw = ep.FixedDistrax(_ShiftedNormal, loc, scale), _ShiftedNormal(loc, scale)
+    _close(d.log_prob(x), raw.log_prob(x))
+    grads = eqx.filter_grad(lambda d: d.log_prob(x).sum())(d)
+    hand = jax.grad(lambda m: _ShiftedNormal(m, scale).log_prob(x).sum())(loc)
+    _close(grads.loc, hand)
+    assert ep.FixedDistrax.from_instance(raw).cls is _ShiftedNormal
+    t = ep.FixedDistrax(_DoubleAffine, jnp.array(1.0), jnp.array(3.0))
+    _close(t.forward(x), _DoubleAffine(1.0, 3.0)(x))
+
+
 def test_numpyro_uniform_method_set_matches_raw():
     loc, scale = jnp.array([0.1, 0.4]), jnp.array([1.0, 2.0])
     d, raw = ep.FixedDistrax(nd.Normal, loc, scale), nd.Normal(loc, scale)
