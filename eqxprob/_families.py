@@ -116,6 +116,10 @@ class Family(abc.ABC):
     def is_bijector_class(self, cls: type) -> bool:
         return issubclass(cls, self.bases()[1])
 
+    def wraps(self, cls: type) -> bool:
+        """Whether `cls` is one of this library's distributions or bijectors."""
+        return issubclass(cls, self.bases())
+
     def abstract_reason(self, cls: type) -> str | None:
         if inspect.isabstract(cls) or cls in self.bases():
             return "is abstract and cannot be instantiated; pass a concrete subclass"
@@ -371,7 +375,10 @@ _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
     "prob": lambda d, x: jnp.exp(d.log_prob(x)),
     "log_cdf": lambda d, x: jnp.log(d.cdf(x)),
     "sample": _np_sample,
-    "sample_and_log_prob": lambda d, **kw: (x := _np_sample(d, **kw), d.log_prob(x)),
+    "sample_and_log_prob": lambda d, *a, **kw: (
+        x := _np_sample(d, *a, **kw),
+        d.log_prob(x),
+    ),
     "mean": lambda d: d.mean,
     "mode": _np_mode,
     "variance": lambda d: d.variance,
@@ -407,18 +414,13 @@ def family_of_instance(x: Any) -> Family | None:
     return family_of(cls)
 
 
-def is_raw_distribution(x: Any) -> bool:
-    """Whether `x` is a distrax, TFP-JAX or numpyro distribution *instance*."""
-    return bool((f := family_of_instance(x)) and f.is_distribution_class(type(x)))
-
-
 def is_raw_bijector(x: Any) -> bool:
     """Whether `x` is a distrax, TFP-JAX or numpyro bijector *instance*."""
     return bool((f := family_of_instance(x)) and f.is_bijector_class(type(x)))
 
 
 def is_raw(x: Any) -> bool:
-    return is_raw_distribution(x) or is_raw_bijector(x)
+    return bool((f := family_of_instance(x)) and f.wraps(type(x)))
 
 
 def _as_int(value: Any) -> int | None:

@@ -345,15 +345,13 @@ class Static(eqx.Module):
     held: _Held = eqx.field(static=True)
 
     def __getattr__(self, name: str) -> Any:
-        # The held transform's own attributes (`forward`, `inverse`, ...), so a
-        # bijector tree's entries answer as the transforms they hold; a plain
-        # callable is its own `forward`.
-        if name.startswith("_") or name == "held":
+        # The held transform's own methods (`forward`, `inverse`, ...), as
+        # `_method` finds them, so a bijector tree's entries answer as the
+        # transforms they hold.
+        method = None if name.startswith("_") or name == "held" else _method(self, name)
+        if method is None:
             raise AttributeError(name)
-        held = self.held.value
-        if name == "forward" and not hasattr(held, "forward") and callable(held):
-            return held
-        return getattr(held, name)
+        return method
 
     def __repr__(self) -> str:
         return describe(self.held.value)

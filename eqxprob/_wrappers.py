@@ -131,9 +131,7 @@ class _Static(_Keyed):
 
 def _check_class(cls: Any) -> Family:
     family = family_of(cls)
-    if family is None or not (
-        family.is_distribution_class(cls) or family.is_bijector_class(cls)
-    ):
+    if family is None or not family.wraps(cls):
         if is_raw(cls):
             kind = f"an instance of {type(cls).__name__}"
         elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
@@ -544,9 +542,7 @@ class FixedDistrax(eqx.Module):
             return obj
         family = family_of_instance(obj)
         cls = type(obj)
-        if family is None or not (
-            family.is_distribution_class(cls) or family.is_bijector_class(cls)
-        ):
+        if family is None or not family.wraps(cls):
             raise TypeError(
                 "FixedDistrax.from_instance expects a distrax, TFP-JAX or numpyro "
                 f"distribution or bijector instance, got {obj!r}."
@@ -621,20 +617,18 @@ class FixedDistrax(eqx.Module):
                 if _probed_by_tree_at(self):
                     raise TypeError(_static_message(self, name, value))
                 return value
-        fresh_arrays = _caches(self)
-        attribute = getattr(_build(self, fresh_arrays), name)
-        if inspect.ismethod(attribute):
-            return functools.partial(_call_through, attribute, fresh_arrays)
-        return attribute
+        return _fall_through(self, name)
 
     def __getitem__(self, index: Any) -> Any:
         """`d[index]`: the library's own batch slicing (distrax, TFP), wrapped."""
-        fresh_arrays = _caches(self)
-        obj = _build(self, fresh_arrays)
-        if not hasattr(obj, "__getitem__"):
+        try:
+            getitem = _fall_through(self, "__getitem__")
+        except AttributeError:
             qualname = _family(self.cls).qualname(self.cls)
-            raise TypeError(f"FixedDistrax({qualname}): {qualname} cannot be sliced.")
-        return _call_through(obj.__getitem__, fresh_arrays, index)
+            raise TypeError(
+                f"FixedDistrax({qualname}): {qualname} cannot be sliced."
+            ) from None
+        return getitem(index)
 
     def __repr__(self) -> str:
         return (
@@ -775,6 +769,15 @@ def _get(wrapper: Any, distribution: bool, name: str) -> Any:
     """Instantiate `wrapper` and read its property `name`."""
     _check_kind(wrapper, distribution, name)
     return _family(wrapper.cls).get(_build(wrapper, _caches(wrapper)), name)
+
+
+def _fall_through(wrapper: FixedDistrax, name: str) -> Any:
+    """The built object's attribute `name`; a method of it wraps what it returns."""
+    fresh_arrays = _caches(wrapper)
+    attribute = getattr(_build(wrapper, fresh_arrays), name)
+    if inspect.ismethod(attribute):
+        return functools.partial(_call_through, attribute, fresh_arrays)
+    return attribute
 
 
 def _call_through(method: Any, fresh_arrays: bool, *args: Any, **kwargs: Any) -> Any:

@@ -499,7 +499,8 @@ def test_slicing_is_the_librarys_own_and_returns_a_wrapper(cls):
     loc, scale = jnp.arange(4.0), jnp.linspace(1.0, 2.0, 4)
     d, raw = ep.FixedDistrax(cls, loc, scale), cls(loc, scale)
     x = jnp.array(0.5)
-    for index in (slice(1, None), slice(None, None, 2), 2, (None, slice(1, 3))):
+    indices = (slice(1, None), slice(None, None, 2), 2, (None, slice(1, 3)))
+    for index in (*indices, slice(5, None), jnp.array([0, 2]), Ellipsis):
         sliced = d[index]
         assert isinstance(sliced, ep.FixedDistrax) and sliced.batch_shape == tuple(
             raw[index].batch_shape
