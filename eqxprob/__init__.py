@@ -3,6 +3,17 @@
 The whole public surface is listed here; every other module is private.
 """
 
+import warnings as _warnings
+
+
+# tfp-nightly's import warns about JAX APIs it uses, a `DeprecationWarning` that
+# `python -W error` (or `filterwarnings = error`) makes an ImportError: imported
+# first, under a filter restored afterwards, so no warning of the user's is hidden.
+with _warnings.catch_warnings():
+    _warnings.simplefilter("ignore", DeprecationWarning)
+    import distrax as _distrax  # noqa: F401
+    from tensorflow_probability.substrates import jax as _tfp  # noqa: F401
+
 from . import constraints as constraints
 from ._constraint import (
     default_bijector as default_bijector,

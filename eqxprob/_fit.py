@@ -490,7 +490,8 @@ def fit(
     - `batch_size`: rows per step, drawn uniformly with replacement; `None` uses
       all rows.
     - `key`: a PRNG key, for minibatches and for a loss taking `key`.
-    - `progress`: show a `tqdm.auto` bar with the loss on stderr.
+    - `progress`: show a tqdm bar with the loss (a notebook widget where
+      ipywidgets is installed, else text on stderr).
     - `chunk_size`: the most steps per compiled call.
     - `state`: a `FitState` to continue from (`FitState.init` or one returned).
     - `return_state`: also return the `FitState` reached.
@@ -586,7 +587,12 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
         run, _ = _programs.program(_chunk(problem, trees, capacity, 1), flat)
     state_tree = jtu.tree_structure(args[:2])
     n_state = state_tree.num_leaves
-    from tqdm.auto import tqdm
+    try:  # (a widget in a notebook needs ipywidgets; without it, a text bar,
+        # rather than `tqdm.auto`'s warning and then a text bar)
+        import ipywidgets  # noqa: F401  # pyright: ignore[reportMissingImports]
+        from tqdm.auto import tqdm
+    except ImportError:
+        from tqdm import tqdm
 
     bar = tqdm(total=steps, unit="step", mininterval=0.25, disable=not progress)
     losses = [np.zeros((0,), jnp.result_type(float))]

@@ -692,3 +692,25 @@ def test_pickle_round_trip_keeps_the_subclass():
     assert type(again) is type(d)
     assert jtu.tree_structure(again) == jtu.tree_structure(d)
     _close(again.log_prob(X2), d.log_prob(X2))
+
+
+def test_import_is_clean_under_warnings_as_errors_and_keeps_the_users_warnings():
+    # tfp-nightly warns at import about JAX APIs it uses; `python -W error` (or a
+    # project's `filterwarnings = error`) must still import eqxprob and use it, and
+    # a warning from the user's own code afterwards must still be an error.
+    use = (
+        "import eqxprob as ep, distrax, jax.numpy as jnp; "
+        "ep.FixedDistrax(distrax.Normal, jnp.zeros(2), 1.0).log_prob(0.0)"
+    )
+    mine = "; import warnings; warnings.warn('mine', DeprecationWarning)"
+    run = lambda code: subprocess.run(  # noqa: E731
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+        timeout=120,
+    )
+    clean = run(use)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    raised = run(use + mine)
+    assert raised.returncode != 0 and "DeprecationWarning: mine" in raised.stderr

@@ -779,6 +779,7 @@ def test_progress_bar_shows_in_a_jupyter_kernel():
     widgets = [o for o in outputs if o["output_type"] == "display_data"]
     assert "20\n" in text  # the cell ran to the end
     assert widgets or ("20/20" in text and "loss=" in text)
+    assert "Warning" not in text  # without ipywidgets: tqdm's IProgress warning
 
 
 @pytest.mark.standard_promotion("the gpx.fit reference runs optax: _tree_math.py:449")
