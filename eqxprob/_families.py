@@ -5,7 +5,7 @@ adapter of a class and goes through it to read the constructor signature, build 
 object and call the uniform method set. Adding a fourth family means writing one more
 `Family` subclass and listing it in `_FAMILIES`.
 
-numpyro is optional (`pip install 'eqxprob[numpyro]'`): it is imported only when a
+numpyro is optional (`pip install -e '.[numpyro]'`): it is imported only when a
 class or object from it is seen, which means the user has it.
 
 **TFP's bijector cache.** TFP caches bijector results in one store shared by all
@@ -46,7 +46,7 @@ tfb = tfp.bijectors
 
 NUMPYRO_HINT = (
     "numpyro is an optional dependency of eqxprob: install it with "
-    "`pip install 'eqxprob[numpyro]'`."
+    "`pip install -e '.[numpyro]'` from eqxprob's clone (or `pip install numpyro`)."
 )
 
 

@@ -30,8 +30,8 @@ HEADER = """\
 `ep.FixedDistrax` wraps distributions and bijectors of three libraries through one
 adapter each (`eqxprob/_families.py`): **distrax**, **TFP-JAX**
 (`tensorflow_probability.substrates.jax`) and **numpyro** (optional:
-`pip install 'eqxprob[numpyro]'`). Below, every public class of each library, with
-its status:
+`pip install -e '.[numpyro]'` from the clone). Below, every public class of each
+library, with its status:
 
 - **tested**: built in the conformance matrix (`tests/test_conformance.py`, directly
   or nested in another case): its leaves are exactly its array arguments,

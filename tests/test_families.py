@@ -476,7 +476,7 @@ def test_import_without_numpyro_works_and_errors_name_the_extra():
     assert float(lines[0]) == pytest.approx(-1.837877, abs=1e-5)
     assert len(lines) == 2
     for line in lines[1:]:
-        assert "pip install 'eqxprob[numpyro]'" in line
+        assert "pip install -e '.[numpyro]'" in line
 
 
 _SAVE_LOAD = """
