@@ -40,6 +40,23 @@ def short(x: Any) -> str:
     return np.array2string(x, threshold=6, separator=", ").replace("\n", "")
 
 
+def display(x: Any) -> str:
+    """A value for a table or a repr: six significant digits, big arrays as their
+    mean and range."""
+    if is_traced(x):
+        return "(traced)"
+    a = np.asarray(x)
+    if a.size == 0:
+        return "[]"
+    if a.ndim == 0:
+        return f"{a[()]:.6g}" if np.issubdtype(a.dtype, np.floating) else str(a[()])
+    if a.size <= 4:
+        return "[" + ", ".join(display(v) for v in a.ravel()) + "]"
+    if np.issubdtype(a.dtype, np.number):
+        return f"mean {a.mean():.4g}, range [{a.min():.4g}, {a.max():.4g}]"
+    return f"{a.dtype}[{a.size}]"
+
+
 def entries(name: str, x: Any, bad: np.ndarray, limit: int = 3) -> str:
     """`value[1] = -0.5, value[3] = 0.0`: the entries of `x` where `bad`.
 

@@ -271,23 +271,45 @@ class Bijector(Node):
     __rmatmul__ = __neg__ = __abs__ = __floordiv__ = __rfloordiv__ = _unresolved
     __lt__ = __le__ = __gt__ = __ge__ = __float__ = __getitem__ = _unresolved
 
-    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc | None:
-        if not eqx.is_inexact_array(self.param):  # a filter spec, say: default
+    def _shown(self) -> Any:
+        """The constrained value for display, or `None` to show the fields (a
+        filter spec, a traced parameter, a transform that fails)."""
+        if not eqx.is_inexact_array(self.param) or _errors.is_traced(self.param):
             return None
-        name = _transforms.describe(self.transform)
         try:
-            value = resolve(self)
-            text = _errors.short(value) if np.size(value) <= 6 else None
-        except Exception:  # traced, or a transform that fails: show the parameter
-            value, text = self.param, None
-        value_doc = wl.TextDoc(text) if text is not None else wl.pdoc(value, **kwargs)
-        docs = [value_doc, wl.TextDoc(name)]
-        return wl.bracketed(
-            wl.TextDoc("Bijector("),
-            docs,
-            wl.comma,
-            wl.TextDoc(")"),
-            kwargs.get("indent", 2),
+            return resolve(self)
+        except Exception:  # noqa: BLE001 - shown as its fields instead
+            return None
+
+    def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc | None:
+        """`Bijector(2.24, softplus)`: the constrained value and the transform."""
+        value = self._shown()
+        if value is None:
+            return None  # Equinox's default: the fields
+        if np.size(value) <= 4:
+            value_doc = wl.TextDoc(_errors.display(value))
+        else:
+            value_doc = wl.pdoc(value, **kwargs)
+        docs = [value_doc, wl.TextDoc(_transforms.describe(self.transform))]
+        begin, end = wl.TextDoc("Bijector("), wl.TextDoc(")")
+        return wl.bracketed(begin, docs, wl.comma, end, kwargs.get("indent", 2))
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """The constrained value and the transform in treescope (its optional
+        protocol; imported only when treescope calls this)."""
+        value = self._shown()
+        if value is None:
+            return NotImplemented  # treescope's default: the fields
+        from treescope import repr_lib
+
+        return repr_lib.render_object_constructor(
+            object_type=type(self),
+            attributes={
+                "value": value,
+                "transform": _transforms.describe(self.transform),
+            },
+            path=path,
+            subtree_renderer=subtree_renderer,
         )
 
     def __repr__(self) -> str:

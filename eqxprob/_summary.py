@@ -19,7 +19,7 @@ import jax.core
 import numpy as np
 from jaxtyping import PyTree
 
-from . import _metadata, _parameter, _transforms
+from . import _errors, _metadata, _parameter, _transforms
 from ._wrappers import FixedDistrax
 
 
@@ -99,27 +99,12 @@ class Summary:
         return table
 
 
-def _value(x: Any) -> str:
-    if isinstance(x, jax.core.Tracer):
-        return "(traced)"
-    a = np.asarray(x)
-    if a.size == 0:
-        return "[]"
-    if a.ndim == 0:
-        return f"{a[()]:.6g}" if np.issubdtype(a.dtype, np.floating) else str(a[()])
-    if a.size <= 4:
-        return "[" + ", ".join(_value(v) for v in a.ravel()) + "]"
-    if np.issubdtype(a.dtype, np.number):
-        return f"mean {a.mean():.4g}, range [{a.min():.4g}, {a.max():.4g}]"
-    return f"{a.dtype}[{a.size}]"
-
-
 def _distribution(prior: Any) -> str:
     if prior is None:
         return ""
     if isinstance(prior, FixedDistrax):
         shown = [
-            f"{k}={_value(v)}" if eqx.is_array(v) else f"{k}={v!r}"
+            f"{k}={_errors.display(v)}" if eqx.is_array(v) else f"{k}={v!r}"
             for k, v in prior.arguments.items()
             if eqx.is_array(v) or isinstance(v, (int, float))
         ]
@@ -135,8 +120,9 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     mean and range), `constraint`, `bijector`, `prior`, `trainable`. Works on raw
     models with `ep.field` metadata (the bijector is the one `ep.unconstrain`
     would use), on `ep.parameterize`d models and on models holding
-    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes. `print` it, or look at
-    `.rows`.
+    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes. Python numbers get a row
+    too, with their type as dtype, not trainable (they are static). `print` it,
+    or look at `.rows`.
 
     **Arguments:**
 
@@ -177,17 +163,20 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
             parameter = _metadata.is_parameter_leaf(spec, label, item)
             bijector = spec.transform() if parameter else None
             trainable = eqx.is_inexact_array(item) and not frozen
+        elif isinstance(item, (int, float, complex)):  # static: never trained
+            value, bijector, trainable = item, None, False
         else:
-            continue  # Python scalars and other static leaves
-        value = value if isinstance(value, jax.core.Tracer) else np.asarray(value)
+            continue  # other static leaves (strings, functions, ...)
+        if not isinstance(value, (jax.core.Tracer, int, float, complex)):
+            value = np.asarray(value)
         constraint = getattr(spec, "constraint", None)
         constraint = "" if constraint is None else repr(constraint)
         rows.append(
             Row(
                 label,
                 str(tuple(np.shape(value))),
-                str(getattr(value, "dtype", "")),
-                _value(value),
+                str(getattr(value, "dtype", type(value).__name__)),
+                _errors.display(value),
                 constraint.removeprefix("constraints."),
                 "" if bijector is None else _transforms.describe(bijector),
                 _distribution(getattr(spec, "prior", None)),

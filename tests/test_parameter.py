@@ -942,3 +942,21 @@ def test_paramax_wrappers_resolve_and_non_trainable_stays_frozen():
     )
     np.testing.assert_allclose(paramax.unwrap(trained["frozen"]), 0.7)
     assert ep.resolve(trained)["scale"] != 1.0  # the trainable part moved
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_a_node_shows_its_constrained_value_in_repr_and_treescope(dtype):
+    # The value a user set (not the unconstrained number), to six significant
+    # digits, and the transform; the same in treescope.
+    with jax.enable_x64(dtype == jnp.float64):
+        node = ep.positive(jnp.asarray(0.1, dtype))
+        tree = {"s": node, "b": ep.bounded(jnp.asarray([0.2, 0.4], dtype), 0.0, 1.0)}
+        assert repr(node) == "Bijector(0.1, softplus)"
+        assert eqx.tree_pformat(tree["b"]) == "Bijector([0.2, 0.4], sigmoid(0.0, 1.0))"
+        treescope = pytest.importorskip("treescope")
+        text = treescope.render_to_text(tree)
+        assert "value=" in text and "'softplus'" in text and "param=" not in text
+        shown = float(text.split("value=<jax.Array(")[1].split(",")[0])
+        assert shown == pytest.approx(0.1, rel=1e-6)
+        # A filter spec (no array) shows its fields.
+        assert "param=True" in treescope.render_to_text(ep.trainable(tree)["s"])

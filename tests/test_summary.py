@@ -45,7 +45,15 @@ def test_rows_of_a_raw_model():
         "kernel.weights",
         "likelihood.loc",
         "likelihood.scale",
+        "count",  # a Python int: a row, static, so never trained
     ]
+    count = rows["count"]
+    assert (count.shape, count.dtype, count.value, count.trainable) == (
+        "()",
+        "int",
+        "3",
+        False,
+    )
     ls = rows["kernel.lengthscale"]
     assert (ls.shape, ls.dtype, float(ls.value)) == ("()", "float32", 1.5)
     assert ls.constraint == "positive" and ls.bijector == "softplus"
@@ -91,3 +99,12 @@ def test_bounded_and_frozen_nodes():
         and rows["['b']"].bijector == "sigmoid(0.0, 1.0)"
     )
     assert rows["['f']"].value == "2" and rows["['f']"].trainable is False
+
+
+def test_python_numbers_get_rows_and_arrays_keep_theirs():
+    tree = {"a": 1.0, "b": jnp.ones(3), "flag": True, "name": "static"}
+    rows = _rows(ep.summary(tree))
+    assert list(rows) == ["['a']", "['b']", "['flag']"]  # (strings get none)
+    assert (rows["['a']"].dtype, rows["['a']"].value) == ("float", "1")
+    assert rows["['flag']"].value == "True" and not rows["['a']"].trainable
+    assert rows["['b']"].trainable
