@@ -219,11 +219,14 @@ def unparameterized(model: Any) -> list[str]:
     ]
 
 
-def entries(model: Any, overrides: Any) -> tuple[list, Any]:
+def entries(
+    model: Any, overrides: Any, is_item: Callable = _parameter.is_node
+) -> tuple[list, Any]:
     """`(path, spec, item)` for every leaf or parameter node of `model` (one
-    flatten, nodes as single items), and the treedef. An override selecting a
-    node is merged over the spec of every item below it, deeper ones last."""
-    pairs, treedef = jtu.tree_flatten_with_path(model, is_leaf=_parameter.is_node)
+    flatten, nodes, or what `is_item` accepts, as single items), and the treedef.
+    An override selecting a node is merged over the spec of every item below it,
+    deeper ones last."""
+    pairs, treedef = jtu.tree_flatten_with_path(model, is_leaf=is_item)
     paths = [path for path, _ in pairs]
     specs = _metadata_specs(model, paths)
     found: dict[tuple, tuple[str, ParamSpec]] = {}

@@ -16,10 +16,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.core
+import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import PyTree
 
-from . import _errors, _metadata, _parameter, _transforms
+from . import _errors, _metadata, _node, _parameter, _transforms
 from ._wrappers import FixedDistrax
 
 
@@ -120,7 +121,9 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     mean and range), `constraint`, `bijector`, `prior`, `trainable`. Works on raw
     models with `ep.field` metadata (the bijector is the one `ep.unconstrain`
     would use), on `ep.parameterize`d models and on models holding
-    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes. Python numbers get a row
+    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes, and on GPJax 1.0 models
+    (paramax wrappers: the constrained value under the parameter's own name,
+    `NonTrainable` ones not trainable, as for `ep.trainable`). Python numbers get a row
     too, with their type as dtype, not trainable (they are static). `print` it,
     or look at `.rows`.
 
@@ -149,22 +152,31 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     assert table.rows[0].path == "lengthscale" and table.rows[0].value == "1.5"
     ```
     """
+    module = _node.paramax()  # GPJax 1.0's parameters are paramax wrappers
+    wrapper = () if module is None else (module.AbstractUnwrappable,)
+    frozen_wrapper = () if module is None else (module.NonTrainable,)
+    is_item = lambda x: _parameter.is_node(x) or isinstance(x, wrapper)  # noqa: E731
     rows = []
-    for path, spec, item in _metadata.entries(model, overrides)[0]:
-        label = _metadata.label_of(path)
+    for path, spec, item in _metadata.entries(model, overrides, is_item)[0]:
+        label, bijector = _metadata.label_of(path), ""
+        # (Trainable as `ep.trainable` says, paramax's `NonTrainable` included.)
+        trainable = any(jtu.tree_leaves(_parameter.trainable(item)))
         if _parameter.is_node(item):
-            frozen = isinstance(item, _parameter.Frozen)
-            inner = item.value if frozen else item
-            value, trainable = _parameter.resolve(item), _parameter.is_bijector(inner)
-            bijector = _parameter.resolve(inner.transform) if trainable else None
-            trainable = trainable and not frozen
+            inner = item.value if isinstance(item, _parameter.Frozen) else item
+            value = _parameter.resolve(item)
+            if _parameter.is_bijector(inner):
+                bijector = _transforms.describe(_parameter.resolve(inner.transform))
+        elif isinstance(item, wrapper):  # its value under the parameter's name
+            inner = item.tree if isinstance(item, frozen_wrapper) else item  # pyright: ignore[reportAttributeAccessIssue]
+            value = _parameter.resolve(item)
+            bijector = type(inner).__name__ if isinstance(inner, wrapper) else ""
         elif eqx.is_array(item):
-            value, frozen = item, spec is not None and not spec.is_trainable
-            parameter = _metadata.is_parameter_leaf(spec, label, item)
-            bijector = spec.transform() if parameter else None
-            trainable = eqx.is_inexact_array(item) and not frozen
+            value = item
+            trainable = trainable and (spec is None or spec.is_trainable)
+            if _metadata.is_parameter_leaf(spec, label, item):
+                bijector = _transforms.describe(spec.transform())
         elif isinstance(item, (int, float, complex)):  # static: never trained
-            value, bijector, trainable = item, None, False
+            value = item
         else:
             continue  # other static leaves (strings, functions, ...)
         if not isinstance(value, (jax.core.Tracer, int, float, complex)):
@@ -178,7 +190,7 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
                 str(getattr(value, "dtype", type(value).__name__)),
                 _errors.display(value),
                 constraint.removeprefix("constraints."),
-                "" if bijector is None else _transforms.describe(bijector),
+                bijector,
                 _distribution(getattr(spec, "prior", None)),
                 bool(trainable),
             )

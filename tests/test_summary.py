@@ -5,6 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import eqxprob as ep
 
@@ -108,3 +109,45 @@ def test_python_numbers_get_rows_and_arrays_keep_theirs():
     assert (rows["['a']"].dtype, rows["['a']"].value) == ("float", "1")
     assert rows["['flag']"].value == "True" and not rows["['a']"].trainable
     assert rows["['b']"].trainable
+
+
+def test_a_gpjax_posterior_shows_constrained_values_and_frozen_flags():
+    # GPJax 1.0 keeps parameters in paramax wrappers: each row is the parameter's
+    # constrained value under its own name (not `._unconstrained`), and a
+    # `NonTrainable` one is not trainable, as `ep.trainable` says.
+    gpx = pytest.importorskip("gpjax")
+    paramax = pytest.importorskip("paramax")
+    with jax.enable_x64(True):
+        prior = gpx.gps.Prior(
+            mean_function=gpx.mean_functions.Zero(),
+            kernel=gpx.kernels.RBF(lengthscale=2.5),
+        )
+        posterior = prior * gpx.likelihoods.Gaussian(obs_stddev=0.3)
+        posterior = eqx.tree_at(
+            lambda p: p.prior.kernel.variance,
+            posterior,
+            paramax.non_trainable(jnp.array(0.7)),
+        )
+        rows = _rows(ep.summary(posterior))
+    assert list(rows) == [
+        "prior.kernel.lengthscale",
+        "prior.kernel.variance",
+        "prior.mean_function.constant",
+        "likelihood.obs_stddev",
+    ]
+    kernel = posterior.prior.kernel
+    assert float(rows["prior.kernel.lengthscale"].value) == pytest.approx(
+        float(paramax.unwrap(kernel.lengthscale)), rel=1e-5
+    )
+    assert float(rows["likelihood.obs_stddev"].value) == pytest.approx(0.3, 1e-5)
+    assert rows["prior.kernel.lengthscale"].bijector == "PositiveReal"
+    flags = {path: row.trainable for path, row in rows.items()}
+    mask = ep.trainable(posterior)
+    assert flags == {
+        "prior.kernel.lengthscale": True,
+        "prior.kernel.variance": False,
+        "prior.mean_function.constant": any(
+            jax.tree_util.tree_leaves(mask.prior.mean_function)
+        ),
+        "likelihood.obs_stddev": True,
+    }
