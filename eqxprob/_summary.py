@@ -20,7 +20,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import PyTree
 
-from . import _errors, _metadata, _node, _parameter, _transforms
+from . import _errors, _metadata, _node, _parameter, _transforms, _variational
 from ._wrappers import FixedDistrax
 
 
@@ -123,7 +123,9 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     would use), on `ep.parameterize`d models and on models holding
     `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes, and on GPJax 1.0 models
     (paramax wrappers: the constrained value under the parameter's own name,
-    `NonTrainable` ones not trainable, as for `ep.trainable`). Python numbers get a row
+    `NonTrainable` ones not trainable, as for `ep.trainable`). For an `ep.guide`,
+    the rows are the model's, at the posterior's location mapped through each
+    parameter's bijector (`guide.mean()`). Python numbers get a row
     too, with their type as dtype, not trainable (they are static). `print` it,
     or look at `.rows`.
 
@@ -152,6 +154,8 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     assert table.rows[0].path == "lengthscale" and table.rows[0].value == "1.5"
     ```
     """
+    if isinstance(model, _variational.Guide):  # the posterior, constrained
+        model, overrides = model.mean(), model.overrides
     module = _node.paramax()  # GPJax 1.0's parameters are paramax wrappers
     wrapper = () if module is None else (module.AbstractUnwrappable,)
     frozen_wrapper = () if module is None else (module.NonTrainable,)

@@ -151,3 +151,20 @@ def test_a_gpjax_posterior_shows_constrained_values_and_frozen_flags():
         ),
         "likelihood.obs_stddev": True,
     }
+
+
+def test_a_guide_shows_its_posterior_in_constrained_space():
+    class Model(eqx.Module):
+        scale: jax.Array = ep.field(
+            constraint=ep.constraints.positive, prior=distrax.Gamma(2.0, 1.0)
+        )
+        w: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+
+    guide = ep.guide(Model(jnp.array(2.0), jnp.array([0.5, -1.0])))
+    rows = _rows(ep.summary(guide))
+    assert list(rows) == ["scale", "w"]  # the model's parameters, not loc/scale
+    mean = guide.mean()
+    assert float(rows["scale"].value) == pytest.approx(float(mean.scale), rel=1e-5)
+    assert float(rows["scale"].value) == pytest.approx(2.0, rel=1e-5)  # not 1.85
+    assert rows["w"].value == "[0.5, -1]"
+    assert rows["scale"].constraint == "positive" and rows["scale"].prior == "Gamma"
