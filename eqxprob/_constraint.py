@@ -507,9 +507,16 @@ def as_constraint(constraint: Any, name: str) -> Constraint:
     converted = _from_numpyro(constraint)
     if converted is not None:
         return converted
+    hint, shortcut = "", str(getattr(constraint, "__name__", ""))
+    ours = "interval(low, high)" if shortcut == "bounded" else shortcut
+    if shortcut == "bounded" or isinstance(globals().get(ours), Constraint):
+        hint = (  # `ep.positive` & co., the shortcuts that build parameters
+            f" `ep.{shortcut}` builds a parameter from a value; the constraint is "
+            f"`ep.constraints.{ours}`."
+        )
     raise TypeError(
         f"{name}: `constraint` must be an `ep.constraints` member (or a numpyro "
-        f"constraint), got {constraint!r}."
+        f"constraint), got {constraint!r}.{hint}"
     )
 
 

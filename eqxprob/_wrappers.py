@@ -292,9 +292,11 @@ def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistra
 def _call(wrapper: Any, *args: Any, distribution: bool, method: str, **kw: Any) -> Any:
     """Instantiate `wrapper` and call the uniform `method` on the result."""
     _check_kind(wrapper, distribution, method)
+    if method in ("kl_divergence", "cross_entropy"):
+        _check_kl(wrapper, method, next(iter([*args, *kw.values()]), None))
     fresh_arrays = _caches(wrapper)
-    obj = _build(wrapper, fresh_arrays)
-    args = tuple(_build(a, fresh_arrays) if _is_wrapper(a) else a for a in args)
+    obj = _built(wrapper, fresh_arrays)
+    args = tuple(_built(a, fresh_arrays) if _is_wrapper(a) else a for a in args)
     if fresh_arrays:
         args = _families.fresh(args)
     return _family(wrapper.cls).call(obj, method, *args, **kw)
@@ -756,6 +758,38 @@ def _build(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
     return wrapper.cls(*bound.args, **bound.kwargs)
 
 
+def _built(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
+    """`_build` for a method call: an error names the class and its arguments (a
+    field that `eqx.tree_at` replaced by one of another shape, say)."""
+    try:
+        return _build(wrapper, fresh_arrays)
+    except (TypeError, ValueError) as e:
+        qualname = _family(wrapper.cls).qualname(wrapper.cls)
+        message = (
+            f"FixedDistrax({wrapper.cls.__name__}): {qualname} cannot be built from "
+            f"its arguments ({', '.join(_items(wrapper.arguments))}): {e}. A field "
+            "replaced after construction (`eqx.tree_at`) must keep a shape and dtype "
+            "the class accepts."
+        )
+        raise (TypeError if isinstance(e, TypeError) else ValueError)(message) from e
+
+
+def _check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
+    """numpyro's KL registry and distrax/TFP's do not know each other's classes."""
+    ours = _family(wrapper.cls)
+    cls = other.cls if _is_wrapper(other) else type(other)
+    theirs = family_of(cls) if _is_wrapper(other) else family_of_instance(other)
+    if theirs in (None, ours) or _families.NUMPYRO not in (ours, theirs):
+        return
+    raise TypeError(
+        f"FixedDistrax({wrapper.cls.__name__}).{method}: the other distribution is "
+        f"a {theirs.qualname(cls)} and this one a {ours.qualname(wrapper.cls)}; "  # pyright: ignore[reportOptionalMemberAccess]
+        "numpyro's KL registry and distrax/TFP's do not know each other's classes. "
+        "Wrap both from one library (e.g. `ep.FixedDistrax(distrax.Normal, ...)` "
+        "for both), or write the KL from their parameters."
+    )
+
+
 def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
     if _family(wrapper.cls).is_distribution_class(wrapper.cls) != distribution:
         kind, other = ["distribution", "bijector"][:: 1 if distribution else -1]
@@ -768,13 +802,13 @@ def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
 def _get(wrapper: Any, distribution: bool, name: str) -> Any:
     """Instantiate `wrapper` and read its property `name`."""
     _check_kind(wrapper, distribution, name)
-    return _family(wrapper.cls).get(_build(wrapper, _caches(wrapper)), name)
+    return _family(wrapper.cls).get(_built(wrapper, _caches(wrapper)), name)
 
 
 def _fall_through(wrapper: FixedDistrax, name: str) -> Any:
     """The built object's attribute `name`; a method of it wraps what it returns."""
     fresh_arrays = _caches(wrapper)
-    attribute = getattr(_build(wrapper, fresh_arrays), name)
+    attribute = getattr(_built(wrapper, fresh_arrays), name)
     if inspect.ismethod(attribute):
         return functools.partial(_call_through, attribute, fresh_arrays)
     return attribute

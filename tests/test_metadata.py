@@ -790,3 +790,12 @@ def test_a_structure_seen_before_is_labelled_with_this_models_dict_keys():
     ep.summary(_Dict({np.int64(3): jnp.array(1.0)}))
     table = str(ep.summary(_Dict({3: jnp.array(1.0)})))
     assert "d[3]" in table and "int64" not in table, table
+
+
+@pytest.mark.parametrize(
+    "shortcut, constraint",
+    [(ep.positive, "positive"), (ep.simplex, "simplex"), (ep.bounded, "interval")],
+)
+def test_a_shortcut_given_as_a_constraint_names_the_constraint(shortcut, constraint):
+    with pytest.raises(TypeError, match=rf"`ep.constraints.{constraint}"):
+        ep.field(constraint=shortcut)

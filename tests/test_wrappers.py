@@ -516,6 +516,42 @@ def test_slicing_a_class_without_it_names_the_class():
         ep.FixedDistrax(nd.Normal, jnp.zeros(3), 1.0)[1:]
 
 
+def test_a_field_replaced_with_a_wrong_shape_names_the_class_and_arguments():
+    d = ep.FixedDistrax(nd.MultivariateNormal, jnp.zeros(3), scale_tril=jnp.eye(3))
+    bad = eqx.tree_at(lambda d: d.loc, d, jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"numpyro.MultivariateNormal cannot be built"):
+        bad.log_prob(jnp.zeros(3))
+    with pytest.raises(
+        ValueError, match=r"loc=f32\[4\], scale_tril=f32\[3,3\].*tree_at"
+    ):
+        bad.mean()
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        ep.FixedDistrax(distrax.Normal, 1.0, 2.0),
+        ep.FixedDistrax(tfd.Normal, 1.0, 2.0),
+        tfd.Normal(1.0, 2.0),
+    ],
+    ids=["distrax", "tfd", "raw tfd"],
+)
+def test_kl_between_numpyro_and_distrax_or_tfp_says_why_and_the_way_out(other):
+    ours = ep.FixedDistrax(nd.Normal, 0.0, 1.0)
+    for method in ("kl_divergence", "cross_entropy"):
+        with pytest.raises(TypeError, match="numpyro's KL registry.*one library"):
+            getattr(ours, method)(other)
+    if isinstance(other, ep.FixedDistrax):
+        with pytest.raises(TypeError, match="numpyro.Normal"):
+            other.kl_divergence(ours)
+    # Within numpyro, and between distrax and TFP, KL works as before.
+    same = ep.FixedDistrax(nd.Normal, 1.0, 2.0)
+    _close(
+        ours.kl_divergence(same),
+        nd.kl_divergence(nd.Normal(0.0, 1.0), nd.Normal(1.0, 2.0)),
+    )
+
+
 # --- training ----------------------------------------------------------------
 
 
