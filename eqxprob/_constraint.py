@@ -136,9 +136,13 @@ class _BuiltIn(Constraint):
     def _test(self, v: Array) -> Array: ...
 
     def __repr__(self) -> str:  # `constraints.positive`, `constraints.interval(0, 1)`
-        bounds = ", ".join(map(_errors.short, vars(self).values()))
-        return f"constraints.{_snake(type(self).__name__)}" + (
-            f"({bounds})" if bounds else ""
+        # (Named after the built-in class, also for a user's subclass of one.)
+        ours = next(c for c in type(self).__mro__ if c.__module__ == __name__)
+        bounds = [
+            _errors.short(vars(self)[k]) for k in ("low", "high") if k in vars(self)
+        ]
+        return f"constraints.{_snake(ours.__name__)}" + (
+            f"({', '.join(bounds)})" if bounds else ""
         )
 
 

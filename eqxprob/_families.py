@@ -38,6 +38,7 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from tensorflow_probability.substrates import jax as tfp
 
 
@@ -359,9 +360,10 @@ def _np_sample(
             "first: `d.sample(key, sample_shape)`."
         )
     seed = key if seed is None else seed
-    if isinstance(seed, int) and not isinstance(seed, bool):
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
         seed = jax.random.PRNGKey(seed)
-    shape = (sample_shape,) if isinstance(sample_shape, int) else tuple(sample_shape)
+    integer = isinstance(sample_shape, (int, np.integer))
+    shape = (int(sample_shape),) if integer else tuple(sample_shape)
     return d.sample(seed, shape)
 
 

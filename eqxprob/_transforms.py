@@ -348,9 +348,11 @@ class Static(eqx.Module):
         # The held transform's own methods (`forward`, `inverse`, ...), as
         # `_method` finds them, so a bijector tree's entries answer as the
         # transforms they hold.
-        method = None if name.startswith("_") or name == "held" else _method(self, name)
-        if method is None:
+        if name.startswith("_") or name == "held":
             raise AttributeError(name)
+        method = _method(self, name)
+        if method is None:
+            raise AttributeError(f"The bijector {self!r} has no `{name}`.")
         return method
 
     def __repr__(self) -> str:

@@ -289,8 +289,9 @@ def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistra
     return self
 
 
-def _call(wrapper: Any, *args: Any, distribution: bool, method: str, **kw: Any) -> Any:
-    """Instantiate `wrapper` and call the uniform `method` on the result."""
+def _call(distribution: bool, method: str, wrapper: Any, *args: Any, **kw: Any) -> Any:
+    """Instantiate `wrapper` and call the uniform `method` on the result (the
+    first two bound positionally, so no keyword of the call can replace them)."""
     _check_kind(wrapper, distribution, method)
     if method in ("kl_divergence", "cross_entropy"):
         _check_kl(wrapper, method, next(iter([*args, *kw.values()]), None))
@@ -305,17 +306,17 @@ def _call(wrapper: Any, *args: Any, distribution: bool, method: str, **kw: Any) 
 class _Forwarded:
     """A forwarded method of the uniform set, named by its attribute: instantiate,
     then call the family's method of that name (`forward` for `__call__`). Bound
-    to a wrapper it is a `jax.tree_util.Partial`, so `jax.jit(d.log_prob)` and
-    `eqx.filter_jit(d.log_prob)` see the wrapper's arrays as arguments."""
+    to a wrapper it is a `jax.tree_util.Partial`, so `eqx.filter_jit(d.log_prob)`
+    and a jitted function taking `d.log_prob` as an argument see the wrapper's
+    arrays as inputs (`jax.jit(d.log_prob)`, as for any bound method, closes over
+    them as constants)."""
 
     def __init__(self, distribution: bool, doc: str):
         self.distribution, self.__doc__ = distribution, doc
 
     def __set_name__(self, owner: type, name: str) -> None:
         method = "forward" if name == "__call__" else name
-        self.function = functools.partial(
-            _call, distribution=self.distribution, method=method
-        )
+        self.function = functools.partial(_call, self.distribution, method)
 
     def __get__(self, wrapper: Any, owner: Any = None) -> Any:
         return self.function if wrapper is None else jtu.Partial(self.function, wrapper)
@@ -543,39 +544,17 @@ class FixedDistrax(eqx.Module):
         if isinstance(obj, FixedDistrax):
             return obj
         family = family_of_instance(obj)
-        cls = type(obj)
-        if family is None or not family.wraps(cls):
+        if family is None or not family.wraps(type(obj)):
             raise TypeError(
                 "FixedDistrax.from_instance expects a distrax, TFP-JAX or numpyro "
                 f"distribution or bijector instance, got {obj!r}."
             )
-        qualname = family.qualname(cls)
-        how = (
-            f"Wrap it yourself: `ep.FixedDistrax({qualname}, ...)` with its arguments."
-        )
-        try:
-            arguments = family.arguments_of(obj)
-        except TypeError as e:
+        wrapped = _rebuilt(family, obj)
+        if family is not _families.TFP and not _faithful(family, obj, wrapped):
+            qualname = family.qualname(type(obj))
             raise TypeError(
-                f"Cannot rebuild the raw {qualname} from its attributes ({e}). {how}"
-            ) from None
-        arguments = jtu.tree_map(
-            lambda x: _cls.from_instance(x) if is_raw(x) else x,
-            arguments,
-            is_leaf=is_raw,
-        )
-        try:
-            wrapped = FixedDistrax(cls, **arguments)
-        except (TypeError, ValueError) as e:
-            raise TypeError(
-                f"Cannot rebuild the raw {qualname} from its attributes: {e}. {how}"
-            ) from None
-        if family is not _families.TFP and not _leaves_match(
-            wrapped.instantiate(), obj
-        ):
-            raise TypeError(
-                f"Cannot rebuild the raw {qualname} faithfully from its "
-                f"attributes (the rebuilt object holds different arrays). {how}"
+                f"Cannot rebuild the raw {qualname} faithfully from its attributes "
+                f"(the rebuilt object holds different arrays). {_rebuild_fix(obj)}"
             )
         return wrapped
 
@@ -620,6 +599,11 @@ class FixedDistrax(eqx.Module):
                     raise TypeError(_static_message(self, name, value))
                 return value
         return _fall_through(self, name)
+
+    def __iter__(self) -> Any:
+        # (Not iterable, as TFP's objects: with `__getitem__` alone, Python would
+        # iterate by index, without end for TFP, which clamps indices.)
+        raise TypeError(f"FixedDistrax({self.cls.__name__}) is not iterable.")
 
     def __getitem__(self, index: Any) -> Any:
         """`d[index]`: the library's own batch slicing (distrax, TFP), wrapped."""
@@ -846,16 +830,75 @@ def _items(arguments: Mapping[str, Any]) -> list[str]:
     return [f"{name}={_format(value)}" for name, value in arguments.items()]
 
 
+def _rebuild_fix(obj: Any) -> str:
+    qualname = family_of_instance(obj).qualname(type(obj))  # pyright: ignore[reportOptionalMemberAccess]
+    return f"Wrap it yourself: `ep.FixedDistrax({qualname}, ...)` with its arguments."
+
+
+def _rebuilt(family: Family, obj: Any, checks: bool = True) -> FixedDistrax:
+    """`obj` rebuilt as a wrapper from its attributes (nested raw objects too),
+    not yet compared with it; without the class's value `checks` if it takes
+    `validate_args` (numpyro)."""
+    qualname = family.qualname(type(obj))
+    try:
+        arguments = family.arguments_of(obj)
+    except TypeError as e:
+        raise TypeError(
+            f"Cannot rebuild the raw {qualname} from its attributes ({e}). "
+            f"{_rebuild_fix(obj)}"
+        ) from None
+    arguments = jtu.tree_map(
+        lambda x: FixedDistrax.from_instance(x) if is_raw(x) else x,
+        arguments,
+        is_leaf=is_raw,
+    )
+    try:
+        if not checks and "validate_args" in family.signature(type(obj)).parameters:
+            arguments["validate_args"] = False
+        return FixedDistrax(type(obj), **arguments)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"Cannot rebuild the raw {qualname} from its attributes: {e}. "
+            f"{_rebuild_fix(obj)}"
+        ) from None
+
+
+def _faithful(family: Family, obj: Any, wrapped: FixedDistrax) -> bool:
+    """Whether `wrapped`, rebuilt from `obj`'s attributes, holds `obj`'s arrays:
+    compared by value when they are concrete. Under a trace, the same rebuild of
+    a twin of `obj` (its class and static part, concrete stand-in arrays) must
+    give back the twin's arrays: a class that keeps a derived array under an
+    argument's name (distrax's `Softmax` keeps `logits / temperature`) fails."""
+    leaves, treedef = jtu.tree_flatten(obj)
+    if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return _leaves_match(wrapped.instantiate(), obj)
+    rng = np.random.default_rng(0)
+
+    def stand_in(x: Any) -> Any:
+        if not eqx.is_array(x):
+            return x
+        return rng.uniform(0.5, 1.5, jnp.shape(x)).astype(jnp.result_type(x))
+
+    with jax.ensure_compile_time_eval():
+        try:  # (the twin built by its class, which keeps the class's invariants;
+            # stand-ins need not satisfy its value checks)
+            twin0 = jtu.tree_unflatten(treedef, list(map(stand_in, leaves)))
+            twin = _rebuilt(family, twin0, checks=False).instantiate()
+            again = _rebuilt(family, twin, checks=False).instantiate()
+            return _leaves_match(again, twin)
+        except (TypeError, ValueError):
+            return False
+
+
 def _leaves_match(a: Any, b: Any) -> bool:
-    """Whether two raw objects flatten to equal leaves (concrete arrays by value)."""
+    """Whether two raw objects with concrete arrays flatten to equal leaves."""
 
     def same(x: Any, y: Any) -> bool:
         if not (eqx.is_array_like(x) and eqx.is_array_like(y)):
             return x is y or x == y
         if jnp.shape(x) != jnp.shape(y) or jnp.result_type(x) != jnp.result_type(y):
             return False
-        traced = isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer)
-        return traced or np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+        return np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
 
     la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
     return len(la) == len(lb) and all(map(same, la, lb))

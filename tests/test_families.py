@@ -623,6 +623,9 @@ def test_numpyro_uniform_method_set_matches_raw():
     np.testing.assert_array_equal(d.sample(KEY, (4,)), raw.sample(KEY, (4,)))
     np.testing.assert_array_equal(d.sample(KEY), raw.sample(KEY))
     np.testing.assert_array_equal(d.sample(0, 3), raw.sample(KEY, (3,)))  # int seed
+    np.testing.assert_array_equal(
+        d.sample(np.int64(0), np.int64(3)), raw.sample(KEY, (3,))
+    )
     samples, log_prob = d.sample_and_log_prob(KEY, (2,))
     np.testing.assert_array_equal(samples, raw.sample(KEY, (2,)))
     keys = jax.random.split(KEY, 3)

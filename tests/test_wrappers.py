@@ -511,6 +511,55 @@ def test_slicing_is_the_librarys_own_and_returns_a_wrapper(cls):
     _close(grads.loc, jax.grad(lambda m: cls(m, scale)[1:].log_prob(x).sum())(loc))
 
 
+def test_a_slice_kept_raw_where_its_rebuild_would_not_be_faithful():
+    # distrax's Softmax keeps `logits / temperature` under the name `logits`, so
+    # its slice cannot be rebuilt as a wrapper; eagerly the check compares values,
+    # under jit and grad it runs the rebuild on stand-in arrays: the slice stays
+    # raw and its numbers are the library's, gradients included.
+    logits = jnp.array([[0.1, 0.5, -1.0], [1.0, 2.0, 3.0], [0.0, -2.0, 1.0]])
+    x = jnp.array([0, 2])
+    raw = distrax.Softmax(logits, 0.5)[1:3]
+    d = ep.FixedDistrax(distrax.Softmax, logits, 0.5)
+    _close(d[1:3].log_prob(x), raw.log_prob(x))
+    _close(jax.jit(lambda d: d[1:3].log_prob(x))(d), raw.log_prob(x))
+
+    def ours(z):
+        return ep.FixedDistrax(distrax.Softmax, z, 0.5)[1:].log_prob(x).sum()
+
+    def theirs(z):
+        return distrax.Softmax(z, 0.5)[1:].log_prob(x).sum()
+
+    _close(jax.grad(ours)(logits), jax.grad(theirs)(logits))
+    # `from_instance` itself refuses it under jit, and accepts a faithful one.
+    with pytest.raises(TypeError, match="faithfully"):
+        jax.jit(lambda z: ep.FixedDistrax.from_instance(distrax.Softmax(z, 0.5)))(
+            logits
+        )
+    tri = jnp.tril(jnp.ones((3, 3))) + jnp.eye(3)
+    mvn = lambda t: distrax.MultivariateNormalTri(jnp.zeros(3), t)  # noqa: E731
+    rebuilt = jax.jit(lambda t: ep.FixedDistrax.from_instance(mvn(t)).log_prob(t[0]))
+    _close(rebuilt(tri), mvn(tri).log_prob(tri[0]))
+
+
+@pytest.mark.parametrize(
+    "cls", [distrax.Normal, tfd.Normal, nd.Normal], ids=["distrax", "tfd", "numpyro"]
+)
+def test_a_wrapper_is_not_iterable(cls):
+    # (With `__getitem__` alone Python would iterate by index: without end for
+    # TFP, which clamps indices.)
+    d = ep.FixedDistrax(cls, jnp.arange(2.0), jnp.ones(2))
+    with pytest.raises(TypeError, match="not iterable"):
+        iter(d)
+
+
+def test_a_call_cannot_replace_the_forwarded_method_by_keyword():
+    d = ep.FixedDistrax(distrax.Normal, jnp.zeros(2), jnp.ones(2))
+    with pytest.raises(TypeError):
+        d.log_prob(0.0, method="cdf")
+    with pytest.raises(TypeError):
+        d.log_prob(0.0, distribution=False)
+
+
 def test_slicing_a_class_without_it_names_the_class():
     with pytest.raises(TypeError, match="numpyro.Normal cannot be sliced"):
         ep.FixedDistrax(nd.Normal, jnp.zeros(3), 1.0)[1:]
