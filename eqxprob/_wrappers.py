@@ -215,18 +215,20 @@ def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
 
 def _floats_to_arrays(arguments: dict[str, Any], keep: frozenset) -> dict[str, Any]:
     """Python floats (outside the arguments `keep`) become arrays of the default
-    float dtype (float32 unless x64 is on), not weakly typed."""
+    float dtype (float32 unless x64 is on), not weakly typed; concrete ones, also
+    when the wrapper is built under a trace (as the float was)."""
     dtype = jax.dtypes.canonicalize_dtype(np.float64)
-    return {
-        n: v
-        if n in keep
-        else jtu.tree_map(
-            lambda x: jnp.asarray(x, dtype) if type(x) is float else x,
-            v,
-            is_leaf=_is_dynamic,
-        )
-        for n, v in arguments.items()
-    }
+    with jax.ensure_compile_time_eval():
+        return {
+            n: v
+            if n in keep
+            else jtu.tree_map(
+                lambda x: jnp.asarray(x, dtype) if type(x) is float else x,
+                v,
+                is_leaf=_is_dynamic,
+            )
+            for n, v in arguments.items()
+        }
 
 
 def _has_dynamic(value: Any) -> bool:

@@ -11,6 +11,7 @@ import threading
 import distrax
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -717,3 +718,19 @@ def test_import_is_clean_under_warnings_as_errors_and_keeps_the_users_warnings()
     assert clean.returncode == 0, clean.stderr[-2000:]
     raised = run(use + mine)
     assert raised.returncode != 0 and "DeprecationWarning: mine" in raised.stderr
+
+
+def test_python_floats_stay_concrete_when_a_wrapper_is_built_under_jit():
+    # As raw numpyro keeps them: its NumPy-mixing support checks then run on
+    # values, and the wrapper built inside `jax.jit` scores as the raw one does.
+    seen = []
+
+    def score(x):
+        d = ep.FixedDistrax(nd.Uniform, 0.0, 1.0)
+        seen.append(isinstance(d.low, jax.core.Tracer))
+        return d.log_prob(x)
+
+    raw = jax.jit(lambda x: nd.Uniform(0.0, 1.0).log_prob(x))
+    for x in (0.5, 2.0, -1.0):
+        np.testing.assert_array_equal(jax.jit(score)(x), raw(x))
+    assert seen and not any(seen)
