@@ -37,3 +37,17 @@ def test_fit_overhead_benchmark_prints_every_row():
     names += ["2-param, fixed cost", "GP n=20, fixed cost"]
     assert all(any(name in row for row in rows) for name in names), result.stdout
     assert sum("whole call" in row for row in rows) == 5, result.stdout
+
+
+def test_peers_benchmark_prints_the_table_of_every_problem():
+    """The table of issue #28 at CPU sizes: a time for each variant whose
+    library is installed (GPJax and numpyro come with the test extra)."""
+    out = _run("peers.py", "--small", "--rounds", "2").stdout
+    rows = [line for line in out.splitlines() if line.lstrip().startswith(("SVGP",
+            "exact GP", "mean-field VI"))]  # fmt: skip
+    assert len(rows) == 12, out  # 6 problems: ms per step, then compile seconds
+    for row in rows:
+        cells = row.split("  ")
+        filled = [c for c in cells if c.strip() and c.strip() != "–"]
+        expected = 5 if row.lstrip().startswith("mean-field") else 4
+        assert len(filled) == expected, row  # the problem and one cell a variant

@@ -38,14 +38,15 @@ from ._metadata import unparameterized
 from ._parameter import trainable
 
 
-def _block(leaves: list, steps: int) -> int:
-    """Steps per block, the step loop's static trip count. An accelerator reads a
-    dynamic loop's predicate on the host, once a step; a block pays that round
-    trip once, but the last block of a call computes up to 31 steps it discards.
-    So: blocks of 32 on an accelerator for a call of at least 1,000 steps (at
-    most 3% discarded, `benchmarks/fit_loop.py`); one step per block otherwise,
-    on XLA:CPU (which runs on the host), and for a program with host callbacks
-    (which the discarded steps would make too: `fit`)."""
+def _block(leaves: list, steps: int, steps_per_block: int | None) -> int:
+    """Steps per block, the step loop's static trip count: `steps_per_block`, or
+    by default 32 on an accelerator for a call of at least 1,000 steps, else 1.
+    An accelerator reads a dynamic loop's predicate on the host, once a step; a
+    block pays that round trip once, but the last block of a call computes up
+    to 31 steps it discards (at most 3% here). XLA:CPU runs on the host, where
+    one step per block is fastest (measured: `docs/performance.md`)."""
+    if steps_per_block is not None:
+        return steps_per_block
     devices = (next(iter(x.devices())) for x in leaves if isinstance(x, jax.Array))
     platform = next((d.platform for d in devices), jax.default_backend())
     return 1 if platform == "cpu" or steps < 1000 else 32
@@ -435,6 +436,7 @@ def fit(
     key: PRNGKeyArray | None = None,
     progress: bool = True,
     chunk_size: int = 10_000,
+    steps_per_block: int | None = None,
     state: FitState | None = None,
     return_state: Literal[False] = False,
 ) -> tuple[PyTree, Array]: ...
@@ -452,6 +454,7 @@ def fit(
     key: PRNGKeyArray | None = None,
     progress: bool = True,
     chunk_size: int = 10_000,
+    steps_per_block: int | None = None,
     state: FitState | None = None,
     return_state: Literal[True],
 ) -> tuple[PyTree, Array, FitState]: ...
@@ -468,6 +471,7 @@ def fit(
     key: PRNGKeyArray | None = None,
     progress: bool = True,
     chunk_size: int = 10_000,
+    steps_per_block: int | None = None,
     state: FitState | None = None,
     return_state: bool = False,
 ) -> tuple[PyTree, Array] | tuple[PyTree, Array, FitState]:
@@ -493,6 +497,10 @@ def fit(
     - `progress`: show a tqdm bar with the loss (a notebook widget where
       ipywidgets is installed, else text on stderr).
     - `chunk_size`: the most steps per compiled call.
+    - `steps_per_block`: the steps of each `lax.scan` inside a compiled call, a
+      trip count fixed at compile time. `None`: 32 on an accelerator (GPU, TPU)
+      for a call of at least 1,000 steps, else 1. The last block of a call may
+      compute steps it then discards; a loss with host callbacks runs 1.
     - `state`: a `FitState` to continue from (`FitState.init` or one returned).
     - `return_state`: also return the `FitState` reached.
 
@@ -533,6 +541,8 @@ def fit(
     steps, chunk_size, data, problem = _arguments(
         loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
     )
+    if steps_per_block is not None:
+        steps_per_block = _positive("steps_per_block", steps_per_block, 1024, "1024")
     _check_model(model)
     params, static = eqx.partition(model, trainable(model))
     if not jtu.tree_leaves(params):
@@ -558,7 +568,17 @@ def fit(
         isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))
     ):
         with contextlib.suppress(_programs.Traced):  # (an outer `jax.vmap`'s value)
-            out = _run(problem, model, static, args, start, steps, chunk_size, progress)
+            out = _run(
+                problem,
+                model,
+                static,
+                args,
+                start,
+                steps,
+                chunk_size,
+                progress,
+                steps_per_block,
+            )
     if out is None:  # all steps in one `lax.scan` of the caller's program; nothing
         # reaches the host (no bar, no `NonFiniteLossError`: the losses keep them)
         indices = jnp.arange(steps, dtype=jnp.int32)
@@ -568,7 +588,9 @@ def fit(
     return out if return_state else out[:2]
 
 
-def _run(problem, model, static, args, start, steps, chunk_size, progress):
+def _run(
+    problem, model, static, args, start, steps, chunk_size, progress, steps_per_block
+):
     """`fit` on concrete values: the chunk compiled (`_programs`), then run
     chunk after chunk from the host, each timed to last about a quarter of a
     second: progress, Ctrl-C, and a chunk that went non-finite run again one
@@ -579,7 +601,7 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
     reads a value of an outer transformation."""
     start = int(start)
     flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
-    block = _block(flat, steps)
+    block = _block(flat, steps, steps_per_block)
     capacity = -(-chunk_size // block) * block
     run, reusable = _programs.program(_chunk(problem, trees, capacity, block), flat)
     if block > 1 and not reusable:  # host callbacks: no discarded steps

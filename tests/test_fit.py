@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import numpy as np
 import optax
 import pytest
 from _compiles import Compilations
-from _processes import on_8_devices
+from _hlo import trip_counts_around
+from _processes import on_8_devices, run_python
 
 import eqxprob as ep
 
@@ -211,12 +213,13 @@ def test_one_infinite_loss_mid_chunk_with_finite_parameters_is_caught():
     np.testing.assert_allclose(info.value.losses[:-1], 0.81 ** np.arange(6), rtol=1e-5)
 
 
-def test_non_finite_loss_with_minibatches_replays_the_same_batches():
+@pytest.mark.parametrize("steps_per_block", [None, 4])
+def test_non_finite_loss_with_minibatches_replays_the_same_batches(steps_per_block):
     # m climbs from 0 towards the data mean 5.5; the loss is nan once m > 3.
     def loss(m, batch):
         return jnp.where(m > 3.0, jnp.nan, jnp.mean((batch - m) ** 2))
 
-    def error(chunk_size):
+    def error(chunk_size, steps_per_block=None):
         with pytest.raises(ep.NonFiniteLossError) as info:
             ep.fit(
                 jnp.array(0.0),
@@ -228,6 +231,7 @@ def test_non_finite_loss_with_minibatches_replays_the_same_batches():
                 key=jax.random.PRNGKey(1),
                 progress=False,
                 chunk_size=chunk_size,
+                steps_per_block=steps_per_block,
             )
         return info.value
 
@@ -237,7 +241,7 @@ def test_non_finite_loss_with_minibatches_replays_the_same_batches():
     assert float(reference.model) > 3.0
     assert np.all(np.isfinite(reference.losses[:-1])) and np.isnan(reference.losses[-1])
     for chunk_size in (7, 200):
-        e = error(chunk_size)
+        e = error(chunk_size, steps_per_block)
         assert e.step == reference.step and float(e.model) == float(reference.model)
         np.testing.assert_array_equal(e.losses, reference.losses)
 
@@ -249,9 +253,11 @@ def _nan_gradient_below(threshold):
     )
 
 
-def test_non_finite_gradient_at_the_very_last_step_is_caught():
+@pytest.mark.parametrize("steps_per_block", [None, 4])
+def test_non_finite_gradient_at_the_very_last_step_is_caught(steps_per_block):
     # x_k = 1 - 0.1 k; the gradient is nan from x_8 = 0.2 on, at step 8 of 9: every
-    # loss is finite, only the final parameters are not.
+    # loss is finite, only the final parameters are not (with blocks of 4, the
+    # last block's 3 discarded steps would be nan too, were they kept).
     with pytest.raises(ep.NonFiniteLossError, match="at step 8") as info:
         ep.fit(
             jnp.array(1.0),
@@ -260,6 +266,7 @@ def test_non_finite_gradient_at_the_very_last_step_is_caught():
             steps=9,
             progress=False,
             chunk_size=3,
+            steps_per_block=steps_per_block,
         )
     error = info.value
     np.testing.assert_allclose(float(error.model), 0.2, rtol=1e-5)
@@ -1527,8 +1534,6 @@ def test_a_checkpoint_resumes_in_a_new_process_bit_for_bit(tmp_path):
     """Save (`eqx.tree_serialise_leaves`), a new process, a skeleton from
     `ep.FitState.init`, resume: the losses and model of one long run, bit for
     bit, with minibatches and a per-step key."""
-    from _processes import run_python
-
     script = tmp_path / "checkpoint.py"
     script.write_text(_CHECKPOINT)
     paths = [str(tmp_path / "fit.eqx"), str(tmp_path / "losses.npy")]
@@ -1538,10 +1543,12 @@ def test_a_checkpoint_resumes_in_a_new_process_bit_for_bit(tmp_path):
 
 
 @pytest.mark.standard_promotion("the hand-written reference runs optax directly")
-def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan():
-    """1,037 steps in chunks of at most 200, with minibatches and a per-step key
-    (on an accelerator: blocks of 32, the last one partly discarded): the losses
-    and model of one hand-written `lax.scan` of the same draws."""
+@pytest.mark.parametrize("steps_per_block", [None, 32, 7])
+def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan(steps_per_block):
+    """1,037 steps in chunks of at most 200, with minibatches and a per-step key,
+    one step per block (the CPU's default) or blocks of 32 (an accelerator's) or
+    7, the last one partly discarded: the losses and model of one hand-written
+    `lax.scan` of the same draws."""
     data = jnp.linspace(-2.0, 3.0, 50)
     key, steps, batch = jax.random.key(7), 1037, 8
     optimiser = optax.adam(0.02)
@@ -1552,7 +1559,9 @@ def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan():
     x, losses = ep.fit(
         jnp.array(0.0), loss, optimiser=optimiser, steps=steps, data=data,
         batch_size=batch, key=key, chunk_size=200, progress=False,
+        steps_per_block=steps_per_block,
     )  # fmt: skip
+    assert losses.shape == (steps,)
     k_batch, k_loss = jax.random.split(key)
 
     def body(carry, i):
@@ -1589,6 +1598,10 @@ def test_argument_edges_named_clearly():
     assert np.isfinite(x) and np.isfinite(y)
     with pytest.raises(ValueError, match="chunk_size"):
         ep.fit(jnp.array(0.0), loss, data=DATA, chunk_size=10**8, **kw)
+    for bad, error in [(0, ValueError), (2000, ValueError), (2.0, TypeError),
+                       (True, TypeError)]:  # fmt: skip
+        with pytest.raises(error, match="`steps_per_block`"):
+            ep.fit(jnp.array(0.0), loss, data=DATA, steps_per_block=bad, **kw)
     # A TypeError raised inside the loss is the user's own, not relabelled.
     with pytest.raises(TypeError, match="axs") as e:
         ep.fit(jnp.ones(2), lambda m: jnp.sum(m, axs=0), **kw)  # pyright: ignore[reportCallIssue]
@@ -1611,3 +1624,38 @@ def test_a_raw_numpyro_distribution_in_the_model_trains():
     trained, _ = ep.fit(model, loss, optimiser=optax.adam(0.05), steps=300,
                         progress=False)  # fmt: skip
     np.testing.assert_allclose(trained["d"].loc, 2.0, atol=0.05)
+
+
+_DUMPED_FIT = """
+import sys
+import jax, jax.numpy as jnp, optax
+import eqxprob as ep
+steps_per_block = None if sys.argv[1] == "None" else int(sys.argv[1])
+loss = lambda m, b: jnp.mean(jnp.cos(b - m) ** 2)
+ep.fit(jnp.array(0.0), loss, optimiser=optax.adam(0.02), steps=100,
+       data=jnp.linspace(-2.0, 3.0, 50), batch_size=8, key=jax.random.key(0),
+       progress=False, steps_per_block=steps_per_block)
+"""
+
+
+@pytest.mark.parametrize("steps_per_block, loops", [(32, [32, None]), (None, [None])])
+def test_the_compiled_steps_run_in_blocks_of_a_static_trip_count(
+    tmp_path, steps_per_block, loops
+):
+    """The compiled chunk (XLA's own dump of the optimised HLO) runs the loss in
+    a `while` loop over blocks, of a trip count known at run time only, around
+    a loop of `steps_per_block` steps known at compile time, which an
+    accelerator runs without reading a predicate on the host each step. On the
+    CPU, by default, one step per block: the loss is in the outer loop only."""
+    script = tmp_path / "fit.py"
+    script.write_text(_DUMPED_FIT)
+    dump = tmp_path / "dump"
+    flags = f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
+    run_python(
+        str(script), str(steps_per_block), env={**os.environ, "XLA_FLAGS": flags}
+    )
+    counts = [
+        sorted(trip_counts_around(path.read_text(), "cosine"), key=str)
+        for path in dump.glob("*after_optimizations.txt")
+    ]
+    assert [c for c in counts if c] == [sorted(loops, key=str)]
