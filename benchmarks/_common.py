@@ -10,8 +10,10 @@ from typing import Any
 import jax
 
 
-# One HLO counter, kept with the tests that use it (tests/_hlo.py).
+# One HLO counter and one hand-written SVGP, kept with the tests that use them
+# (tests/_hlo.py, tests/_hand_svgp.py).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+import _hand_svgp as hand_svgp  # noqa: E402, F401  (the SVGP maths by hand)
 from _hlo import count_hlo_ops, hlo_op_count  # noqa: E402, F401
 
 

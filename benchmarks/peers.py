@@ -37,9 +37,8 @@ import distrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from _common import table
+from _common import hand_svgp, table
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
@@ -101,36 +100,9 @@ def svgp_variants(n: int, m: int, batch: int) -> dict[str, Run]:
     t, w = (jnp.asarray(a, jnp.float32) for a in svgp.gauss_hermite())
     jitter = 1e-6
 
-    def hand_loss(p, b, _):
-        xb, yb = b
-        ls, var = jax.nn.softplus(p["ls"]), jax.nn.softplus(p["var"])
-        r, c = np.tril_indices(m)
-        lq = (
-            jnp.zeros((m, m))
-            .at[r, c]
-            .set(jnp.where(r == c, jax.nn.softplus(p["tril"]), p["tril"]))
-        )
-
-        def k(a, b):
-            sq = jnp.sum((a[:, None] - b[None]) ** 2, -1)
-            return var * jnp.exp(-0.5 * sq / ls**2)
-
-        lz = jnp.linalg.cholesky(k(p["z"], p["z"]) + jitter * jnp.eye(m))
-        a = jax.scipy.linalg.solve_triangular(lz, k(p["z"], xb), lower=True)
-        v = var - jnp.sum(a**2, 0) + jnp.sum((lq.T @ a) ** 2, 0)
-        f = (a.T @ p["m"])[:, None] + jnp.sqrt(2 * jnp.maximum(v, 1e-12))[:, None] * t
-        prob = 0.5 * (1 + jax.scipy.special.erf(f / np.sqrt(2))) * (1 - 2e-3) + 1e-3
-        logp = jnp.where(yb[:, None] > 0.5, jnp.log(prob), jnp.log1p(-prob))
-        kl = 0.5 * (
-            p["m"] @ p["m"] + jnp.sum(lq**2) - m - 2 * jnp.sum(jnp.log(jnp.diag(lq)))
-        )
-        return -(n / xb.shape[0] * jnp.sum(logp @ w) - kl)
-
-    r, c = np.tril_indices(m)
-    hand = {
-        "ls": _isp(1.0), "var": _isp(1.0), "z": z, "m": jnp.zeros(m),
-        "tril": jnp.where(r == c, _isp(1.0), 0.0),
-    }  # fmt: skip
+    negative_elbo = hand_svgp.loss(m, n, t, w, jitter)
+    hand_loss = lambda p, b, _: negative_elbo(p, *b)  # noqa: E731
+    hand = hand_svgp.params(z)
     model = svgp.SVGP.init(z, link="probit", jitter=jitter)
     loss = svgp.make_loss(n)
     variants = {

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _common import table
+from _common import hand_svgp, table
 
 
 jax.config.update("jax_enable_x64", True)
@@ -141,40 +141,12 @@ def eqxprob_variant(x, y, x_test, y_test, z, steps: int) -> Variant:
 # --- hand-written JAX --------------------------------------------------------
 
 
-def _inv_softplus(v):
-    return jnp.log(jnp.expm1(jnp.asarray(v, jnp.float64)))
-
-
 def hand_params(z) -> dict:
-    rows, cols = np.tril_indices(M)
-    tril = jnp.where(rows == cols, _inv_softplus(1.0), 0.0)
-    return {
-        "ls": _inv_softplus(1.0), "var": _inv_softplus(1.0), "z": z,
-        "m": jnp.zeros(M), "tril": tril,
-    }  # fmt: skip
+    return hand_svgp.params(z)
 
 
 def hand_elbo(p: dict, x, y, rows: int):
-    ls, var = jax.nn.softplus(p["ls"]), jax.nn.softplus(p["var"])
-    r, c = np.tril_indices(M)
-    entries = jnp.where(r == c, jax.nn.softplus(p["tril"]), p["tril"])
-    lq = jnp.zeros((M, M)).at[r, c].set(entries)
-
-    def k(a, b):
-        return var * jnp.exp(-0.5 * jnp.sum((a[:, None] - b[None]) ** 2, -1) / ls**2)
-
-    z = p["z"]
-    lz = jnp.linalg.cholesky(k(z, z) + JITTER * jnp.eye(M))
-    a = jax.scipy.linalg.solve_triangular(lz, k(z, x), lower=True)
-    mean = a.T @ p["m"]
-    v = var - jnp.sum(a**2, 0) + jnp.sum((lq.T @ a) ** 2, 0)
-    f = mean[:, None] + jnp.sqrt(2 * jnp.maximum(v, 1e-12))[:, None] * T
-    prob = 0.5 * (1 + jax.scipy.special.erf(f / np.sqrt(2))) * (1 - 2e-3) + 1e-3
-    logp = jnp.where(y[:, None] > 0.5, jnp.log(prob), jnp.log1p(-prob))
-    kl = 0.5 * (
-        p["m"] @ p["m"] + jnp.sum(lq**2) - M - 2 * jnp.sum(jnp.log(jnp.diag(lq)))
-    )
-    return rows / x.shape[0] * jnp.sum(logp @ W) - kl
+    return -hand_svgp.loss(M, rows, T, W, JITTER)(p, x, y)
 
 
 def hand_variant(x, y, x_test, y_test, z, steps: int) -> Variant:

@@ -5,6 +5,7 @@ import pathlib
 import re
 import subprocess
 
+import _hand_svgp
 import distrax
 import equinox as eqx
 import jax
@@ -193,36 +194,6 @@ def test_gp_training_compiles_like_hand_written_jax(examples):
         assert scan_body <= fit_body <= scan_body + 8
 
 
-def _hand_svgp_loss(m: int, rows: int, t: np.ndarray, w: np.ndarray):
-    """The SVGP example's negative minibatch ELBO (probit link, whitened, RBF)
-    written by hand, over a dict of unconstrained arrays."""
-    r, c = np.tril_indices(m)
-
-    def loss(p, x, y):
-        ls, var = jax.nn.softplus(p["ls"]), jax.nn.softplus(p["var"])
-        lq = (
-            jnp.zeros((m, m))
-            .at[r, c]
-            .set(jnp.where(r == c, jax.nn.softplus(p["tril"]), p["tril"]))
-        )
-
-        def k(a, b):
-            sq = jnp.sum((a[:, None] - b[None]) ** 2, -1)
-            return var * jnp.exp(-0.5 * sq / ls**2)
-
-        lz = jnp.linalg.cholesky(k(p["z"], p["z"]) + 1e-6 * jnp.eye(m))
-        a = jax.scipy.linalg.solve_triangular(lz, k(p["z"], x), lower=True)
-        v = var - jnp.sum(a**2, 0) + jnp.sum((lq.T @ a) ** 2, 0)
-        f = (a.T @ p["m"])[:, None] + jnp.sqrt(2 * jnp.maximum(v, 1e-12))[:, None] * t
-        prob = 0.5 * (1 + jax.scipy.special.erf(f / np.sqrt(2))) * (1 - 2e-3) + 1e-3
-        logp = jnp.where(y[:, None] > 0.5, jnp.log(prob), jnp.log1p(-prob))
-        log_det = jnp.sum(jnp.log(jnp.diag(lq)))
-        kl = 0.5 * (p["m"] @ p["m"] + jnp.sum(lq**2) - m) - log_det
-        return -(rows / x.shape[0] * jnp.sum(logp @ w) - kl)
-
-    return loss
-
-
 def test_svgp_step_compiles_like_hand_written_jax(examples):
     """The SVGP example's gradient step (wrapped distributions, `ep.lower_cholesky`,
     the wrapper's analytic KL) calls LAPACK exactly as the same maths written by
@@ -236,12 +207,8 @@ def test_svgp_step_compiles_like_hand_written_jax(examples):
         params, static = ep.partition(model)
         loss = svgp.make_loss(rows)
         ours = lambda p, x, y: loss(eqx.combine(p, static), (x, y))
-        r, c = np.tril_indices(m)
-        hand_params = {
-            "ls": _inv_softplus(1.0), "var": _inv_softplus(1.0), "z": x[:m],
-            "m": jnp.zeros(m), "tril": jnp.where(r == c, _inv_softplus(1.0), 0.0),
-        }  # fmt: skip
-        hand = _hand_svgp_loss(m, rows, *svgp.gauss_hermite())
+        hand_params = _hand_svgp.params(x[:m])
+        hand = _hand_svgp.loss(m, rows, *svgp.gauss_hermite())
         value, grads = jax.value_and_grad(ours)(params, x, y)
         hand_value, hand_grads = jax.value_and_grad(hand)(hand_params, x, y)
         np.testing.assert_allclose(value, hand_value, rtol=1e-12)
