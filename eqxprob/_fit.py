@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from . import _programs, _sharding
@@ -616,7 +617,9 @@ def _run(
     except ImportError:
         from tqdm import tqdm
 
-    bar = tqdm(total=steps, unit="step", mininterval=0.25, disable=not progress)
+    processes = jax.process_count()  # (with `jax.distributed`, one per host)
+    shown = progress and jax.process_index() == 0
+    bar = tqdm(total=steps, unit="step", mininterval=0.25, disable=not shown)
     losses = [np.zeros((0,), jnp.result_type(float))]
     done, length, like, replay = 0, min(128, capacity), None, 0
     try:
@@ -650,9 +653,19 @@ def _run(
             seconds = max(time.perf_counter() - began, 1e-9)
             length = max(block, min(capacity, int(0.25 * n / seconds)))
             length -= length % block
+            if processes > 1:  # every process runs the same chunks: process 0's
+                length = int(multihost_utils.broadcast_one_to_all(np.int32(length)))
     except (KeyboardInterrupt, jax.errors.JaxRuntimeError) as e:
         # A Ctrl-C that lands inside a host callback reaches us wrapped by XLA.
         if not isinstance(e, KeyboardInterrupt) and "KeyboardInterrupt" not in str(e):
+            if processes > 1:
+                raise RuntimeError(
+                    f"fit: process {jax.process_index()} of {processes} stopped "
+                    f"after {done} of {steps} steps: a step's communication with "
+                    "the other processes failed (one of them stopped or lost its "
+                    "connection; its own error says why). Resume all processes "
+                    "from a checkpoint (`return_state=True`, `state=`)."
+                ) from e
             raise
         warnings.warn(
             f"fit: interrupted after {done} of {steps} steps; returning the model "

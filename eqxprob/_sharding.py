@@ -94,7 +94,16 @@ def place_together(tree: Any) -> Any:
         sharding = named(sharding.mesh, [])
     elif not isinstance(sharding, jax.sharding.SingleDeviceSharding):
         return tree
-    placed = jax.device_put([leaves[i] for i in loose], sharding)
-    for i, x in zip(loose, placed):
-        leaves[i] = x
+    for i in loose:
+        leaves[i] = _put(leaves[i], sharding)
     return jax.tree.unflatten(treedef, leaves)
+
+
+def _put(x: Array, sharding: Any) -> Array:
+    """`jax.device_put(x, sharding)`, typed PRNG keys included: a sharding over
+    the devices of several processes (`jax.distributed`) takes an uncommitted
+    array, the same on each process, but not a key."""
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = jax.device_put(jax.random.key_data(x), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return jax.device_put(x, sharding)

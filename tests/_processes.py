@@ -5,6 +5,7 @@ host devices (the device count is fixed when JAX starts)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -37,3 +38,35 @@ def on_8_devices(
     """`python -c code` on 8 forced host (CPU) devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     return run_python("-c", code, cwd=cwd, env=env)
+
+
+def run_processes(
+    script: str, count: int, *args: str, timeout: float = 120
+) -> list[subprocess.CompletedProcess]:
+    """`python script INDEX COUNT PORT *args` in `count` processes at once, the
+    coordinator of `jax.distributed` on a free localhost port; each process's
+    result, whatever its exit status (a process still running after `timeout`
+    seconds fails the test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    processes = [
+        subprocess.Popen(
+            [sys.executable, script, str(i), str(count), port, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+    results = []
+    try:
+        for p in processes:
+            stdout, stderr = p.communicate(timeout=timeout)
+            results.append(
+                subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+            )
+    finally:
+        for p in processes:
+            p.kill()
+    return results
