@@ -289,7 +289,7 @@ def main() -> None:
     for n in (128, 256) if small else (4096, 16384):
         steps = 10 if small else (50 if n <= 4096 else 10)
         problems.append((f"exact GP, n = {n}", lambda n=n: gp_variants(n), steps))
-    d, b = (8, 256) if small else (64, 4096)
+    d, b = (64, 1024) if small else (64, 4096)
     problems.append((
         f"mean-field VI, logistic regression, N = {big:,}, D = {d}, batch {b}",
         lambda: vi_variants(big, d, b), 20 if small else 1000,
