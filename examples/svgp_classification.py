@@ -20,10 +20,11 @@ reference accuracy.
 Run:
 
     python examples/svgp_classification.py [--n N] [--m M] [--steps S] [--batch B]
-        [--mc] [--devices D] [--out FILE]
+        [--mc] [--devices D] [--processes P] [--out FILE]
     python examples/svgp_classification.py --n 1000000 --m 128 --batch 1024 \\
         --steps 300 --out none                      # the 1M-point run
     python examples/svgp_classification.py --devices 8   # sharded vs single device
+    python examples/svgp_classification.py --processes 2 # 2 processes vs 1
 
 It prints the fitted hyperparameters, the ELBO at the first and last steps, the time
 per compiled step, the peak memory of the process, held-out accuracy and NLPD (next
@@ -37,7 +38,10 @@ between the two gradients at the initial model. The gradients agree to rounding
 large ones (1M points, M = 128) they part after some 50 steps: the batch sums are
 added in another order on 8 devices, and adam, whose steps are ~lr whatever the size
 of a gradient entry, amplifies that rounding in the parameters whose gradients are
-~0.
+~0. With `--processes P > 1` it also launches `P` local processes
+(`jax.distributed`, CPU devices joined by gloo, coordinator on 127.0.0.1), each
+holding only its `n / P` rows, trains with the same key, and prints their time per
+step and their largest difference from the one-process run.
 """
 
 from __future__ import annotations
@@ -345,7 +349,8 @@ def train(
         model = jax.device_put(model, next(iter(x.devices())))
     else:
         sharding = NamedSharding(mesh, P("data"))
-        x, y = jax.device_put((x, y), sharding)
+        if x.is_fully_addressable:  # (else each process holds its rows already)
+            x, y = jax.device_put((x, y), sharding)
         model = jax.device_put(model, NamedSharding(mesh, P()))  # replicated
     loss = make_loss(x.shape[0], mc=mc, sharding=sharding)
     kwargs = dict(
@@ -361,6 +366,71 @@ def train(
     model, losses = ep.fit(model, loss, steps=steps, progress=progress, **kwargs)
     jax.block_until_ready(model)
     return model, losses, (time.perf_counter() - start) / steps
+
+
+def process_main(index: int, processes: int, port: int, result: str, **kw) -> None:
+    """One of `--processes P`: join the others (`jax.distributed`, CPU devices
+    joined by gloo), keep only this process's share of the rows, train data-
+    parallel over every process's devices, and (process 0) save the result."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", processes, index)
+    with jax.enable_x64(True):
+        n, seed = kw.pop("n"), kw.pop("seed")
+        key_data, _, key_train = jax.random.split(jax.random.key(seed), 3)
+        # Every process makes the same rows from the seed (a real run reads its
+        # own files instead) and keeps rows index * n / P .. (index + 1) * n / P.
+        x, y = (np.asarray(a) for a in make_data(n, key_data))
+        mine = slice(index * n // processes, (index + 1) * n // processes)
+        mesh = jax.make_mesh(
+            (jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,)
+        )
+        rows = NamedSharding(mesh, P("data"))
+        x = jax.make_array_from_process_local_data(rows, x[mine], (n, 2))
+        y = jax.make_array_from_process_local_data(rows, y[mine], (n,))
+        model, losses, per_step = train(
+            x, y, key=key_train, mesh=mesh, progress=False, **kw
+        )
+        if index == 0:
+            leaves = jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array))
+            np.savez(
+                result, losses=np.asarray(losses), per_step=per_step,
+                **{f"leaf{i}": np.asarray(a) for i, a in enumerate(leaves)},
+            )  # fmt: skip
+
+
+def run_processes(processes: int, **kw) -> dict:
+    """Launch `processes` local processes of `process_main` (coordinator on
+    127.0.0.1) and return process 0's saved result."""
+    import socket
+    import subprocess
+    import tempfile
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.npz")
+        options = [f"--{k}={v}" for k, v in kw.items() if k != "mc"]
+        options += ["--mc"] if kw.get("mc") else []
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    *options,
+                    f"--processes={processes}",
+                    f"--process-index={i}",
+                    f"--port={port}",
+                    f"--result={result}",
+                ]
+            )  # fmt: skip
+            for i in range(processes)
+        ]
+        codes = [child.wait() for child in children]
+        if any(codes):
+            raise RuntimeError(f"the processes exited with {codes}")
+        with np.load(result) as saved:
+            return dict(saved)
 
 
 def peak_memory_mb() -> float:
@@ -435,6 +505,7 @@ def main(
     out: str | None = "svgp.png",
     seed: int = 0,
     progress: bool = True,
+    processes: int = 1,
 ) -> dict:
     """Train on `n` synthetic points, evaluate on `n_test`, print and plot.
 
@@ -448,6 +519,9 @@ def main(
     - `out`: the PNG to write, or `None`.
     - `seed`: the PRNG seed of data, inducing points and minibatches.
     - `progress`: show progress bars.
+    - `processes`: with more than 1, also train in that many local processes,
+      each holding only its share of the rows (`jax.distributed`), and compare
+      with the single-device run.
 
     **Returns:**
 
@@ -456,7 +530,8 @@ def main(
     `peak_mb`, and with `devices > 1` the `sharded_model`, `sharded_losses` and
     `max_difference` (largest |difference| of the final parameters and of the
     minibatch-ELBO trace) and `gradient_difference` (of the initial gradient,
-    relative to its largest entry).
+    relative to its largest entry); with `processes > 1`, `process_losses`,
+    `process_seconds_per_step` and `process_difference`.
     """
     with jax.enable_x64(True):
         key_data, key_test, key_train = jax.random.split(jax.random.key(seed), 3)
@@ -546,6 +621,28 @@ def main(
                 "  gradient at the initial model, max |difference| / max |gradient| "
                 f"= {gradient_difference:.2e}"
             )
+        if processes > 1:
+            saved = run_processes(
+                processes, n=n, m=m, steps=steps, batch=batch, mc=mc, seed=seed
+            )
+            ours = jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array))
+            difference = max(
+                float(np.max(np.abs(np.asarray(a) - saved[f"leaf{i}"])))
+                for i, a in enumerate(ours)
+            )
+            trace = float(np.max(np.abs(np.asarray(losses) - saved["losses"])))
+            result.update(
+                process_losses=saved["losses"],
+                process_seconds_per_step=float(saved["per_step"]),
+                process_difference=max(difference, trace),
+            )
+            print(
+                f"{processes} processes, each holding {n // processes:,} rows: "
+                f"{1e3 * float(saved['per_step']):.3f} ms per step (one process: "
+                f"{1e3 * per_step:.3f})"
+            )
+            print(f"  max |difference| of the final parameters = {difference:.2e}")
+            print(f"  max |difference| of the ELBO traces = {trace:.2e}")
         if out is not None:
             plot(model, x, y, losses, out)
             print(f"wrote {out}")
@@ -563,7 +660,17 @@ if __name__ == "__main__":
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="svgp.png", help="PNG path, or 'none'")
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.process_index is not None:  # one of the processes `--processes` starts
+        process_main(
+            args.process_index, args.processes, args.port, args.result, n=args.n,
+            m=args.m, steps=args.steps, batch=args.batch, mc=args.mc, seed=args.seed,
+        )  # fmt: skip
+        sys.exit()
     main(
         n=args.n,
         m=args.m,
@@ -574,4 +681,5 @@ if __name__ == "__main__":
         n_test=args.n_test,
         out=None if args.out.lower() == "none" else args.out,
         seed=args.seed,
+        processes=args.processes,
     )

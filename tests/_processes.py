@@ -44,15 +44,18 @@ def run_processes(
     script: str, count: int, *args: str, timeout: float = 120
 ) -> list[subprocess.CompletedProcess]:
     """`python script INDEX COUNT PORT *args` in `count` processes at once, the
-    coordinator of `jax.distributed` on a free localhost port; each process's
+    coordinator of `jax.distributed` on a free localhost port (also given as a
+    launcher would, in `COORDINATOR`, `NUM_PROCESSES`, `PROCESS_ID`); each process's
     result, whatever its exit status (a process still running after `timeout`
     seconds fails the test)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
+    launcher = {"COORDINATOR": f"127.0.0.1:{port}", "NUM_PROCESSES": str(count)}
     processes = [
         subprocess.Popen(
             [sys.executable, script, str(i), str(count), port, *args],
+            env={**os.environ, **launcher, "PROCESS_ID": str(i)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -393,3 +393,18 @@ def test_lbfgs_fits_the_exact_gp_to_scipys_bfgs_optimum(examples):
         got = [gp.kernel.lengthscale, gp.kernel.variance, gp.noise]
         np.testing.assert_allclose(got, expected, rtol=1e-5)
         np.testing.assert_allclose(gp.nlml(x, y), ref.fun, rtol=1e-9)
+
+
+def test_svgp_in_two_processes_equals_one_process(examples, capsys):
+    """`--processes 2`: two local processes (`jax.distributed`), each holding
+    half the rows, train as the single device does on all of them."""
+    svgp = examples("svgp_classification")
+    result = svgp.main(
+        n=400, m=8, steps=40, batch=64, n_test=100, out=None, progress=False,
+        processes=2,
+    )  # fmt: skip
+    assert "2 processes, each holding 200 rows" in capsys.readouterr().out
+    # Same key, same minibatches (global row indices): the same trajectory, but
+    # for the order in which the batch sums are added.
+    assert len(result["process_losses"]) == 40
+    assert result["process_difference"] <= 1e-6

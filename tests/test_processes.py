@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import numpy as np
 from _processes import run_processes
@@ -57,3 +58,20 @@ def test_when_a_process_dies_the_others_fail_with_a_clear_error_not_hang():
         "fit: process 0 of 2 stopped after" in survivor.stderr
         or "another task died" in survivor.stderr
     ), survivor.stderr[-3000:]
+
+
+def test_the_multi_host_how_to_runs_in_two_processes(tmp_path):
+    page = pathlib.Path(__file__).parents[1] / "docs/howto/multi_host.md"
+    code = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(code))
+    printed = []
+    for count in (1, 2):
+        for run in run_processes(str(script), count):
+            assert run.returncode == 0, run.stderr[-3000:]
+            printed.append(run.stdout.strip().splitlines()[-1].split(" ", 1))
+    (one, *two) = printed
+    assert [index for index, _ in two] == ["0", "1"]
+    for _, loc in two:
+        got, want = (np.array(v.strip("[]").split(), float) for v in (loc, one[1]))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
