@@ -493,7 +493,9 @@ def fit(
     - `steps`: the number of optimisation steps.
     - `data`: optional PyTree of arrays sharing a leading (row) axis.
     - `batch_size`: rows per step, drawn uniformly with replacement; `None` uses
-      all rows.
+      all rows. With `data` sharded over the processes of `jax.distributed`,
+      each step's rows are global indices drawn from all rows with the same key
+      on every process (see [several hosts](../howto/multi_host.md)).
     - `key`: a PRNG key, for minibatches and for a loss taking `key`.
     - `progress`: show a tqdm bar with the loss (a notebook widget where
       ipywidgets is installed, else text on stderr).
