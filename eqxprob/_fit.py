@@ -374,7 +374,12 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
     call, checked: it must return a real scalar that reads a trainable
     parameter."""
     arrays = (params, fixed, data, keys, jnp.int32(0))
-    closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
+    try:
+        closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
+    except jax.dtypes.TypePromotionError as e:
+        raise _mixed_floats(
+            problem, {"model": (params, fixed), "data": data}, e
+        ) from None
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(
             f"fit: `{problem.call}` must return a scalar array, got "
@@ -397,6 +402,27 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
         )
     avals = tuple(_aval(v.aval) for v in closed.jaxpr.invars)
     return dataclasses.replace(problem, traced=closed, avals=avals)
+
+
+def _mixed_floats(problem: _Problem, trees: dict, error: Exception) -> Exception:
+    """A strict promotion error of the loss, with the paths of the model's and
+    the data's arrays of each float dtype when they hold more than one."""
+    where: dict = {}
+    for name, tree in trees.items():
+        for path, x in jtu.tree_flatten_with_path(tree)[0]:
+            if eqx.is_inexact_array(x):
+                label = f"{name}{jtu.keystr(path[1:] if name == 'model' else path)}"
+                where.setdefault(str(x.dtype), []).append(f"`{label}`")
+    if len(where) < 2:
+        return error
+    listed = "; ".join(f"{d}: {', '.join(p[:3])}" for d, p in sorted(where.items()))
+    return type(error)(
+        f"fit: `{problem.call}` mixes float dtypes, which strict dtype promotion "
+        f"refuses ({listed}). Cast the model and data to one dtype, e.g. "
+        "`jax.tree.map(lambda x: x.astype(jnp.float64) if eqx.is_inexact_array(x) "
+        "else x, model)`, or call fit under `jax.numpy_dtype_promotion('standard')`."
+        f" (JAX: {error})"
+    )
 
 
 def _resumed(state: FitState, fresh: PyTree) -> PyTree:

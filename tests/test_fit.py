@@ -1659,3 +1659,28 @@ def test_the_compiled_steps_run_in_blocks_of_a_static_trip_count(
         for path in dump.glob("*after_optimizations.txt")
     ]
     assert [c for c in counts if c] == [sorted(loops, key=str)]
+
+
+def test_a_float32_float64_mix_names_each_dtypes_paths_and_the_fix():
+    """Under strict promotion a loss that adds a float32 parameter to float64 ones
+    (or data) fails in JAX without a path; fit's error lists them by dtype."""
+
+    class Two(eqx.Module):
+        a: jax.Array
+        b: jax.Array
+
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("strict"):
+        model = Two(jnp.ones(3, jnp.float32), jnp.ones(2, jnp.float64))
+        loss = lambda m, d: jnp.sum(m.a) + jnp.sum(m.b) + jnp.sum(d)  # noqa: E731
+        data = {"x": jnp.ones((4, 2), jnp.float64)}
+        with pytest.raises(jax.dtypes.TypePromotionError) as info:
+            ep.fit(model, loss, optimiser=optax.sgd(0.1), steps=2, data=data,
+                   progress=False)  # fmt: skip
+        message = str(info.value)
+        assert "float32: `model.a`; float64: `model.b`, `data['x']`" in message
+        assert "astype(jnp.float64)" in message and "numpy_dtype_promotion" in message
+        # One dtype among the inputs: the mix is the loss's own, JAX's error as is.
+        same = Two(jnp.ones(3), jnp.ones(2))
+        mixed = lambda m: jnp.sum(m.a) + jnp.sum(m.b) + jnp.float32(1.0)  # noqa: E731
+        with pytest.raises(jax.dtypes.TypePromotionError, match="^Input dtypes"):
+            ep.fit(same, mixed, optimiser=optax.sgd(0.1), steps=2, progress=False)
