@@ -1,5 +1,11 @@
-"""mkdocs hook: every `ep.name` in inline code becomes a cross-link to its API entry,
-in the pages and in the docstrings they render alike.
+"""mkdocs hooks.
+
+- Every `ep.name` in inline code becomes a cross-link to its API entry, in the pages
+  and in the docstrings they render alike.
+- A page whose front matter says `execute: true` runs its `python` blocks at build
+  time, in order, in one namespace (as tests/test_docs.py does), and shows under each
+  block what it printed and the matplotlib figures it drew: the build fails if the
+  code fails, so what the page shows is what its code does.
 
 It runs on each page's HTML (`on_page_content`, before mkdocs-autorefs resolves
 references) and wraps `<code>ep.name</code>` in an autorefs reference to
@@ -11,8 +17,12 @@ a reference it cannot resolve.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import pathlib
 import re
+import tempfile
 
 
 _API = pathlib.Path(__file__).parent / "api"
@@ -47,3 +57,40 @@ def link(html: str, documented: set[str]) -> str:
 
 def on_page_content(html: str, page, config, files) -> str:
     return link(html, _documented())
+
+
+_BLOCK = re.compile(r"^```python\n(.*?)^```\n", re.DOTALL | re.MULTILINE)
+
+
+def execute(markdown: str, name: str) -> str:
+    """`markdown` with the output and figures of each `python` block after it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    namespace: dict = {"__name__": "__docs__"}
+    parts, done = [], 0
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        for i, match in enumerate(_BLOCK.finditer(markdown)):
+            parts.append(markdown[done : match.end()])
+            done = match.end()
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(match.group(1), f"{name}[block {i}]", "exec"), namespace)
+            if printed.getvalue():
+                parts.append(f"\n```text\n{printed.getvalue().rstrip()}\n```\n")
+            for number in plt.get_fignums():
+                png = io.BytesIO()
+                plt.figure(number).savefig(png, format="png", dpi=90)
+                data = base64.b64encode(png.getvalue()).decode()
+                image = f"data:image/png;base64,{data}"
+                parts.append(f"\n![Figure drawn by the code above]({image})\n")
+            plt.close("all")
+    return "".join(parts) + markdown[done:]
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if not page.meta.get("execute"):
+        return markdown
+    return execute(markdown, page.file.src_path)

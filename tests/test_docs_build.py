@@ -37,6 +37,12 @@ def test_mkdocs_build_is_clean(tmp_path):
     assert result.returncode == 0, output
     assert not warnings, "\n".join(warnings)
     assert (tmp_path / "index.html").exists()
+    # Pages with `execute: true` show what their code printed and drew.
+    for page in ("constrained", "variational", "from_gpjax"):
+        html = (tmp_path / "howto" / page / "index.html").read_text()
+        assert "data:image/png;base64," in html, page
+    html = (tmp_path / "howto" / "from_gpjax" / "index.html").read_text()
+    assert "prior.kernel.lengthscale" in html.split("ep.summary(trained)")[-1]
 
 
 def test_every_public_name_is_in_the_api_reference():
