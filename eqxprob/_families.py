@@ -79,17 +79,6 @@ def _as_tuple(shape: Any) -> tuple[int, ...] | Any:
     return tuple(shape) if isinstance(shape, list) else shape
 
 
-def _init_signature(cls: type) -> inspect.Signature:
-    """The constructor signature without `self`.
-
-    TFP decorates `__init__` and hides it behind `(*args, **kwargs)` on the class,
-    so read `cls.__init__` rather than `cls`.
-    """
-    signature = inspect.signature(cls.__init__)
-    parameters = list(signature.parameters.values())[1:]
-    return signature.replace(parameters=parameters)
-
-
 class Family(abc.ABC):
     """How eqxprob talks to one library of distributions and bijectors.
 
@@ -114,13 +103,6 @@ class Family(abc.ABC):
     def is_distribution_class(self, cls: type) -> bool:
         return issubclass(cls, self.bases()[0])
 
-    def is_bijector_class(self, cls: type) -> bool:
-        return issubclass(cls, self.bases()[1])
-
-    def wraps(self, cls: type) -> bool:
-        """Whether `cls` is one of this library's distributions or bijectors."""
-        return issubclass(cls, self.bases())
-
     def abstract_reason(self, cls: type) -> str | None:
         if inspect.isabstract(cls) or cls in self.bases():
             return "is abstract and cannot be instantiated; pass a concrete subclass"
@@ -131,7 +113,10 @@ class Family(abc.ABC):
 
     # --- constructing
     def signature(self, cls: type) -> inspect.Signature:
-        return _init_signature(cls)
+        """The constructor signature without `self` (of `cls.__init__`: TFP hides
+        it behind `(*args, **kwargs)` on the class)."""
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
 
     def static_floats(self, cls: type) -> frozenset[str]:
         """Arguments that must stay Python floats (the class branches on them)."""
@@ -418,11 +403,11 @@ def family_of_instance(x: Any) -> Family | None:
 
 def is_raw_bijector(x: Any) -> bool:
     """Whether `x` is a distrax, TFP-JAX or numpyro bijector *instance*."""
-    return bool((f := family_of_instance(x)) and f.is_bijector_class(type(x)))
+    return bool((f := family_of_instance(x)) and issubclass(type(x), f.bases()[1]))
 
 
 def is_raw(x: Any) -> bool:
-    return bool((f := family_of_instance(x)) and f.wraps(type(x)))
+    return family_of_instance(x) is not None
 
 
 def _as_int(value: Any) -> int | None:
