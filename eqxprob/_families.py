@@ -73,7 +73,7 @@ def fresh(x: Any) -> Any:
 # ------------------------------------------------------------------------ adapters
 
 
-def _as_tuple(shape: Any) -> tuple[int, ...] | Any:
+def as_tuple(shape: Any) -> tuple[int, ...] | Any:
     if isinstance(shape, tfp.tf2jax.TensorShape):
         return tuple(shape.as_list())
     return tuple(shape) if isinstance(shape, list) else shape
@@ -104,7 +104,8 @@ class Family(abc.ABC):
         return issubclass(cls, self.bases()[0])
 
     def abstract_reason(self, cls: type) -> str | None:
-        if inspect.isabstract(cls) or cls in self.bases():
+        # (distrax.Linear is abstract without saying so.)
+        if inspect.isabstract(cls) or cls in (*self.bases(), distrax.Linear):
             return "is abstract and cannot be instantiated; pass a concrete subclass"
         return None
 
@@ -137,7 +138,7 @@ class Family(abc.ABC):
         if name == "event_ndims_in":
             return self.event_ndims_in(obj)
         value = getattr(obj, name)
-        return _as_tuple(value) if name in ("batch_shape", "event_shape") else value
+        return as_tuple(value) if name in ("batch_shape", "event_shape") else value
 
     # --- raw instances
     @abc.abstractmethod
@@ -154,11 +155,6 @@ class _Distrax(Family):
 
     def bases(self) -> tuple[type, type]:
         return distrax.Distribution, distrax.Bijector
-
-    def abstract_reason(self, cls: type) -> str | None:
-        if cls is distrax.Linear:
-            return "is abstract and cannot be instantiated; pass a concrete subclass"
-        return super().abstract_reason(cls)
 
     def static_floats(self, cls: type) -> frozenset[str]:
         if issubclass(cls, distrax.RationalQuadraticSpline):
@@ -225,10 +221,9 @@ class _TFP(Family):
         return out
 
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        fallback = _TFP_FALLBACKS.get(method)
-        if fallback is not None and not hasattr(obj, method):
-            return fallback(obj, *args, **kwargs)
-        return getattr(obj, method)(*args, **kwargs)
+        if method in _TFP_FALLBACKS and not hasattr(obj, method):
+            return _TFP_FALLBACKS[method](obj, *args, **kwargs)
+        return super().call(obj, method, *args, **kwargs)
 
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         return dict(obj.parameters)

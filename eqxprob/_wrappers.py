@@ -684,22 +684,16 @@ def _probed_by_tree_at(wrapper: FixedDistrax) -> bool:
 
 
 def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
-    what = f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r}"
-    fix = "Build a new wrapper with the new value"
-    if type(value) is float:
-        qualname = _family(wrapper.cls).qualname(wrapper.cls)
-        why = (
-            f"is a static Python float ({qualname} branches on it in Python, so it "
-            "is not converted to an array leaf)"
-        )
-        fix += (
-            ". (Other Python floats are leaves already; to make a value trainable "
-            "elsewhere, pass it as `jnp.asarray(...)`.)"
-        )
-    else:
-        why = f"is static (a {type(value).__name__}, part of the structure)"
-        fix += ", or pass an array, e.g. `jnp.asarray(...)`, if it is a parameter."
-    return f"{what} {why}, not a leaf, so `eqx.tree_at` cannot replace it. {fix}"
+    qualname = _family(wrapper.cls).qualname(wrapper.cls)
+    why, fix = f"a static Python float ({qualname} branches on it)", "."
+    if type(value) is not float:
+        why = f"static (a {type(value).__name__}, part of the structure)"
+        fix = ", or pass an array (`jnp.asarray(...)`) if it is a parameter."
+    return (
+        f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r} is "
+        f"{why}, not a leaf, so `eqx.tree_at` cannot replace it. Build a new wrapper "
+        f"with the new value{fix}"
+    )
 
 
 def _caches(wrapper: FixedDistrax) -> bool:
