@@ -265,13 +265,17 @@ def _subclass(dynamic: tuple[str, ...]) -> type:
         return _SUBCLASSES[dynamic]
 
 
-def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistrax:
-    """A wrapper from its parts, without calling or checking anything."""
-    self = object.__new__(_subclass(static.dynamic))
-    object.__setattr__(self, "cls", cls)
-    object.__setattr__(self, "_static", static)
-    for name in static.dynamic:
-        object.__setattr__(self, name, dynamic[name])
+def _make(
+    cls: type, static: _Static, dynamic: Mapping[str, Any], self: Any = None
+) -> FixedDistrax:
+    """A wrapper from its parts (`dynamic`: the fields, by name), without calling or
+    checking anything; built in `self` if given. The instance becomes one of the
+    subclass whose fields are the dynamic arguments (same layout: a plain
+    `__dict__`) before any field is set."""
+    self = object.__new__(FixedDistrax) if self is None else self
+    object.__setattr__(self, "__class__", _subclass(static.dynamic))
+    for name, value in {"cls": cls, "_static": static, **dynamic}.items():
+        object.__setattr__(self, name, value)
     return self
 
 
@@ -407,24 +411,17 @@ class FixedDistrax(eqx.Module):
             for n, v in arguments.items()
             if _has_dynamic(v)
         }
-        for name in dynamic:
-            if name in _RESERVED:
-                raise TypeError(
-                    f"FixedDistrax({cls.__name__}): the array argument `{name}` has "
-                    "the name of a FixedDistrax attribute, so it cannot be a field. "
-                    "Please report this at the eqxprob issue tracker."
-                )
+        for name in _RESERVED.intersection(dynamic):
+            raise TypeError(
+                f"FixedDistrax({cls.__name__}): the array argument `{name}` has "
+                "the name of a FixedDistrax attribute, so it cannot be a field. "
+                "Please report this at the eqxprob issue tracker."
+            )
         static = _Static(
             tuple(arguments),
             tuple((n, v) for n, v in arguments.items() if n not in dynamic),
         )
-        # The instance becomes one of the subclass whose fields are the dynamic
-        # arguments (same layout: a plain `__dict__`), before any field is set.
-        object.__setattr__(self, "__class__", _subclass(static.dynamic))
-        object.__setattr__(self, "cls", cls)
-        object.__setattr__(self, "_static", static)
-        for name, value in dynamic.items():
-            object.__setattr__(self, name, value)
+        _make(cls, static, dynamic, self)
         try:
             family.check_built(_build(resolve(self), False))
         except Exception as e:
