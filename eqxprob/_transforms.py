@@ -412,9 +412,8 @@ def _method(
         plain = " (a plain callable is forward only)" if callable(held) else ""
         raise TypeError(
             f"{owner}: the bijector {describe(transform)} has no `{name}`{plain}, so "
-            f"it cannot {action}. Use a bijector with `forward`, `inverse` "
-            "and `forward_log_det_jacobian`: `ep.FixedDistrax(tfb.Sigmoid)`, a raw "
-            "distrax or TFP bijector, or an `eqx.Module` with those methods."
+            f"it cannot {action}. Use one with `forward`, `inverse` and "
+            "`forward_log_det_jacobian` (e.g. `ep.FixedDistrax(tfb.Sigmoid)`)."
         )
     return method
 
@@ -460,10 +459,9 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
         if held.cls is not tfb.SoftmaxCentered:
             raise TypeError(
                 f"{owner}: the bijector {describe(transform)} contains "
-                "`tfb.SoftmaxCentered`, whose log-det TFP takes with respect to the "
-                "simplex embedded in ℝⁿ (½ log n more than a Dirichlet density's "
-                "measure). Use it on its own, or `ep.default_bijector("
-                "ep.constraints.simplex)`, whose log-det is the density correction."
+                "`tfb.SoftmaxCentered`, whose TFP log-det is ½ log n off a Dirichlet "
+                "density's. Use it alone, or "
+                "`ep.default_bijector(ep.constraints.simplex)`."
             )
         # TFP's log-det is w.r.t. the simplex embedded in ℝⁿ; Dirichlet densities
         # are w.r.t. the first n - 1 coordinates: drop TFP's ½ log n.
