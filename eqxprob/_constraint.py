@@ -508,8 +508,7 @@ def as_constraint(constraint: Any, name: str) -> Constraint:
     default bijectors). Anything else is a `TypeError` naming `name`."""
     if isinstance(constraint, Constraint):
         return constraint
-    converted = _from_numpyro(constraint)
-    if converted is not None:
+    if (converted := _from_numpyro(constraint)) is not None:
         return converted
     hint, shortcut = "", str(getattr(constraint, "__name__", ""))
     ours = "interval(low, high)" if shortcut == "bounded" else shortcut

@@ -132,9 +132,3 @@ def tolerance(dtype: Any) -> float:
     """The one tolerance of every constraint check in `dtype`: √eps (3.5e-4 in
     float32, 1.5e-8 in float64), for sums, symmetry and unit norms."""
     return float(np.sqrt(np.finfo(dtype).eps))
-
-
-def scalar_leaves(tree: Any) -> bool:
-    """Whether every array in `tree` is 0-d (so it broadcasts against any array
-    elementwise, as against each of many arrays concatenated)."""
-    return all(np.ndim(x) == 0 for x in jax.tree_util.tree_leaves(tree))

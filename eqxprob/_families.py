@@ -73,21 +73,10 @@ def fresh(x: Any) -> Any:
 # ------------------------------------------------------------------------ adapters
 
 
-def _as_tuple(shape: Any) -> tuple[int, ...] | Any:
+def as_tuple(shape: Any) -> tuple[int, ...] | Any:
     if isinstance(shape, tfp.tf2jax.TensorShape):
         return tuple(shape.as_list())
     return tuple(shape) if isinstance(shape, list) else shape
-
-
-def _init_signature(cls: type) -> inspect.Signature:
-    """The constructor signature without `self`.
-
-    TFP decorates `__init__` and hides it behind `(*args, **kwargs)` on the class,
-    so read `cls.__init__` rather than `cls`.
-    """
-    signature = inspect.signature(cls.__init__)
-    parameters = list(signature.parameters.values())[1:]
-    return signature.replace(parameters=parameters)
 
 
 class Family(abc.ABC):
@@ -114,15 +103,9 @@ class Family(abc.ABC):
     def is_distribution_class(self, cls: type) -> bool:
         return issubclass(cls, self.bases()[0])
 
-    def is_bijector_class(self, cls: type) -> bool:
-        return issubclass(cls, self.bases()[1])
-
-    def wraps(self, cls: type) -> bool:
-        """Whether `cls` is one of this library's distributions or bijectors."""
-        return issubclass(cls, self.bases())
-
     def abstract_reason(self, cls: type) -> str | None:
-        if inspect.isabstract(cls) or cls in self.bases():
+        # (distrax.Linear is abstract without saying so.)
+        if inspect.isabstract(cls) or cls in (*self.bases(), distrax.Linear):
             return "is abstract and cannot be instantiated; pass a concrete subclass"
         return None
 
@@ -131,7 +114,10 @@ class Family(abc.ABC):
 
     # --- constructing
     def signature(self, cls: type) -> inspect.Signature:
-        return _init_signature(cls)
+        """The constructor signature without `self` (of `cls.__init__`: TFP hides
+        it behind `(*args, **kwargs)` on the class)."""
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
 
     def static_floats(self, cls: type) -> frozenset[str]:
         """Arguments that must stay Python floats (the class branches on them)."""
@@ -152,7 +138,7 @@ class Family(abc.ABC):
         if name == "event_ndims_in":
             return self.event_ndims_in(obj)
         value = getattr(obj, name)
-        return _as_tuple(value) if name in ("batch_shape", "event_shape") else value
+        return as_tuple(value) if name in ("batch_shape", "event_shape") else value
 
     # --- raw instances
     @abc.abstractmethod
@@ -169,11 +155,6 @@ class _Distrax(Family):
 
     def bases(self) -> tuple[type, type]:
         return distrax.Distribution, distrax.Bijector
-
-    def abstract_reason(self, cls: type) -> str | None:
-        if cls is distrax.Linear:
-            return "is abstract and cannot be instantiated; pass a concrete subclass"
-        return super().abstract_reason(cls)
 
     def static_floats(self, cls: type) -> frozenset[str]:
         if issubclass(cls, distrax.RationalQuadraticSpline):
@@ -240,10 +221,9 @@ class _TFP(Family):
         return out
 
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        fallback = _TFP_FALLBACKS.get(method)
-        if fallback is not None and not hasattr(obj, method):
-            return fallback(obj, *args, **kwargs)
-        return getattr(obj, method)(*args, **kwargs)
+        if method in _TFP_FALLBACKS and not hasattr(obj, method):
+            return _TFP_FALLBACKS[method](obj, *args, **kwargs)
+        return super().call(obj, method, *args, **kwargs)
 
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         return dict(obj.parameters)
@@ -418,11 +398,11 @@ def family_of_instance(x: Any) -> Family | None:
 
 def is_raw_bijector(x: Any) -> bool:
     """Whether `x` is a distrax, TFP-JAX or numpyro bijector *instance*."""
-    return bool((f := family_of_instance(x)) and f.is_bijector_class(type(x)))
+    return bool((f := family_of_instance(x)) and issubclass(type(x), f.bases()[1]))
 
 
 def is_raw(x: Any) -> bool:
-    return bool((f := family_of_instance(x)) and f.wraps(type(x)))
+    return family_of_instance(x) is not None
 
 
 def _as_int(value: Any) -> int | None:

@@ -31,6 +31,7 @@ from jaxtyping import Array, Float, PyTree
 
 from . import _constraint, _errors, _parameter, _support, _transforms
 from ._constraint import Constraint
+from ._families import as_tuple
 from ._where import WhereDict, where_labels, where_paths
 from ._wrappers import FixedDistrax
 
@@ -634,8 +635,7 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
     value = jnp.asarray(value)
     if jnp.issubdtype(value.dtype, jnp.floating):
         prior = in_dtype(prior, value.dtype)
-    event = prior.event_shape
-    event = tuple(int(d) for d in getattr(event, "as_list", lambda: event)())
+    event = tuple(as_tuple(prior.event_shape))
     if value.ndim < len(event) or value.shape[value.ndim - len(event) :] != event:
         raise ValueError(
             f"The prior of `{label}` has event shape {event}, but the parameter "

@@ -256,16 +256,11 @@ class Bijector(Node):
     def unwrap(self) -> Any:
         return _transforms.forward(resolve(self.transform), resolve(self.param))
 
-    def __jax_array__(self):
+    def _unresolved(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(_UNRESOLVED)
 
-    def __array__(self, *args, **kwargs):
-        raise TypeError(_UNRESOLVED)
-
-    def _unresolved(self, *args: Any) -> Any:
-        raise TypeError(_UNRESOLVED)
-
-    # Arithmetic on a node is a `TypeError` that names the fix.
+    # Use as an array, arithmetic included, is a `TypeError` that names the fix.
+    __jax_array__ = __array__ = _unresolved
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _unresolved
     __truediv__ = __rtruediv__ = __pow__ = __rpow__ = __matmul__ = _unresolved
     __rmatmul__ = __neg__ = __abs__ = __floordiv__ = __rfloordiv__ = _unresolved

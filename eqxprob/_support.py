@@ -19,6 +19,7 @@ import numpy as np
 from jaxtyping import Array
 
 from . import _constraint, _errors
+from ._families import as_tuple
 
 
 def _simplex(d: Any, v: Array) -> Array:
@@ -69,11 +70,6 @@ def _raw(prior: Any) -> Any:
     return prior.instantiate() if hasattr(type(prior), "instantiate") else prior
 
 
-def _event_ndim(d: Any) -> int:
-    shape = d.event_shape
-    return len(shape.as_list() if hasattr(shape, "as_list") else shape)
-
-
 def _all_last(ok: Array, k: int) -> Array:
     return jnp.all(ok, axis=tuple(range(ok.ndim - k, ok.ndim))) if k else ok
 
@@ -99,7 +95,7 @@ def in_support(prior: Any, value: Array) -> Array | None:
     if name in ("Transformed", "TransformedDistribution"):  # distrax, TFP
         x = raw.bijector.inverse(value)
         base = in_support(raw.distribution, x)
-        finite = _all_last(jnp.isfinite(x), _event_ndim(raw.distribution))
+        finite = _all_last(jnp.isfinite(x), len(as_tuple(raw.distribution.event_shape)))
         return finite if base is None else finite & base
     rule = _RULES.get(name)
     return None if rule is None else rule(raw, value)

@@ -21,7 +21,7 @@ pushed back to unconstrained space through them integrates to one.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -35,7 +35,7 @@ import wadler_lindig as wl
 from jaxtyping import Array
 
 from . import _errors, _families
-from ._wrappers import FixedDistrax, tfb
+from ._wrappers import Const, FixedDistrax, tfb
 
 
 # ------------------------------------------------------------ built-in bijectors
@@ -328,21 +328,11 @@ def _append_zero(x: Array) -> Array:
 # ------------------------------------------------------------------- the adapter
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
-class _Held:
-    """A static transform, compared and hashed by `key` rather than by identity."""
-
-    value: Any = dataclasses.field(compare=False)
-    key: Any
-
-    def __repr__(self) -> str:
-        return describe(self.value)
-
-
 class Static(eqx.Module):
-    """A transform without arrays (a function, a raw distrax bijector), as static."""
+    """A transform without arrays (a function, a raw distrax bijector), as static
+    (compared by value, as `float_key` says)."""
 
-    held: _Held = eqx.field(static=True)
+    held: Const = eqx.field(static=True)
 
     def __getattr__(self, name: str) -> Any:
         # The held transform's own methods (`forward`, `inverse`, ...), as
@@ -362,19 +352,6 @@ class Static(eqx.Module):
         return wl.TextDoc(describe(self.held.value))
 
 
-def _distrax_key(x: Any) -> Any:
-    """Class and attributes, recursively; a `TypeError` if it holds arrays."""
-    if isinstance(x, distrax.Bijector):
-        return (type(x), _distrax_key(vars(x)))
-    if isinstance(x, dict):
-        return (dict, tuple((k, _distrax_key(v)) for k, v in sorted(x.items())))
-    if isinstance(x, (list, tuple)):
-        return (type(x), tuple(map(_distrax_key, x)))
-    if eqx.is_array(x):
-        raise TypeError("holds arrays")
-    return (type(x), x)
-
-
 def as_transform(transform: Any, owner: str) -> Any:
     """Store `transform` as a proper pytree, or as a static and hashable value.
 
@@ -391,11 +368,9 @@ def as_transform(transform: Any, owner: str) -> Any:
             )
         return transform
     if isinstance(transform, distrax.Bijector):
-        try:  # without arrays: static, compared by value
-            hash(key := _distrax_key(transform))
-            return Static(_Held(transform, key))
-        except TypeError:
-            pass
+        with contextlib.suppress(TypeError):  # without arrays: static, by value
+            hash(held := Const(transform))
+            return Static(held)
     if _families.is_raw_bijector(transform):
         try:
             return FixedDistrax.from_instance(transform)  # TFP, numpyro, distrax
@@ -417,7 +392,7 @@ def as_transform(transform: Any, owner: str) -> Any:
             f"{owner}: the callable bijector of type {name} is not hashable, so it "
             "cannot be static. Use a function or an `eqx.Module`."
         ) from None
-    return Static(_Held(transform, transform))
+    return Static(Const(transform))
 
 
 def _held(transform: Any) -> Any:
@@ -437,9 +412,8 @@ def _method(
         plain = " (a plain callable is forward only)" if callable(held) else ""
         raise TypeError(
             f"{owner}: the bijector {describe(transform)} has no `{name}`{plain}, so "
-            f"it cannot {action}. Use a bijector with `forward`, `inverse` "
-            "and `forward_log_det_jacobian`: `ep.FixedDistrax(tfb.Sigmoid)`, a raw "
-            "distrax or TFP bijector, or an `eqx.Module` with those methods."
+            f"it cannot {action}. Use one with `forward`, `inverse` and "
+            "`forward_log_det_jacobian` (e.g. `ep.FixedDistrax(tfb.Sigmoid)`)."
         )
     return method
 
@@ -485,10 +459,9 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
         if held.cls is not tfb.SoftmaxCentered:
             raise TypeError(
                 f"{owner}: the bijector {describe(transform)} contains "
-                "`tfb.SoftmaxCentered`, whose log-det TFP takes with respect to the "
-                "simplex embedded in ℝⁿ (½ log n more than a Dirichlet density's "
-                "measure). Use it on its own, or `ep.default_bijector("
-                "ep.constraints.simplex)`, whose log-det is the density correction."
+                "`tfb.SoftmaxCentered`, whose TFP log-det is ½ log n off a Dirichlet "
+                "density's. Use it alone, or "
+                "`ep.default_bijector(ep.constraints.simplex)`."
             )
         # TFP's log-det is w.r.t. the simplex embedded in ℝⁿ; Dirichlet densities
         # are w.r.t. the first n - 1 coordinates: drop TFP's ½ log n.

@@ -20,6 +20,7 @@ replaced.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -27,6 +28,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import distrax
 import equinox as eqx
 import jax
 import jax.core
@@ -62,21 +64,33 @@ def _family(cls: type) -> Family:
 
 def float_key(value: Any) -> Any:
     """A hashable key that tells apart what `==` confuses: `1`, `1.0`, `True`,
-    `0.0` and `-0.0`; NaN equals NaN."""
+    `0.0` and `-0.0`; NaN equals NaN. A distrax bijector is keyed by its class and
+    attributes (unhashable if it holds arrays)."""
     if type(value) is float:
         return (float, value.hex() if not math.isnan(value) else "nan")
     if type(value) in (tuple, list):
         return (type(value), tuple(map(float_key, value)))
     if type(value) is dict:
         return (dict, tuple((k, float_key(v)) for k, v in value.items()))
+    if isinstance(value, distrax.Bijector):
+        return (type(value), float_key(vars(value)))
     return (type(value), value)
 
 
-class _Keyed:
-    """Hashed and compared by `_key` (and type)."""
+class Const:
+    """A value compared and hashed by `key` (default `float_key(value)`), as a
+    static field needs: a static value inside a dynamic argument (e.g. an int in a
+    list of wrappers), a static transform.
 
-    __slots__ = ()
-    _key: Any
+    A pytree node without children whose auxiliary data is itself, so it never
+    becomes a leaf.
+    """
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: Any, key: Any = None):
+        self.value = value
+        self._key = float_key(value) if key is None else key
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -84,28 +98,14 @@ class _Keyed:
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self._key == other._key  # pyright: ignore[reportAttributeAccessIssue]
 
-
-class _Const(_Keyed):
-    """A static value inside a dynamic argument (e.g. an int in a list of wrappers).
-
-    A pytree node without children whose auxiliary data is itself, so it never
-    becomes a leaf and compares by value, as static fields do.
-    """
-
-    __slots__ = ("value", "_key")
-
-    def __init__(self, value: Any):
-        self.value = value
-        self._key = float_key(value)
-
     def __repr__(self) -> str:
         return repr(self.value)
 
 
-jtu.register_pytree_node(_Const, lambda c: ((), c), lambda c, _: c)
+jtu.register_pytree_node(Const, lambda c: ((), c), lambda c, _: c)
 
 
-class _Static(_Keyed):
+class _Static(Const):
     """The static part of a wrapper: argument names, and the non-array arguments.
 
     Stored as a static field, so it hashes and compares by value: two wrappers
@@ -114,16 +114,15 @@ class _Static(_Keyed):
     do `0.0` and `-0.0`.
     """
 
-    __slots__ = ("names", "dynamic", "static", "_key")
+    __slots__ = ("names", "dynamic", "static")
 
     def __init__(
         self, names: tuple[str, ...], static: tuple[tuple[str, Any], ...]
     ) -> None:
-        self.names = names
-        self.static = static
+        super().__init__(static, (names, float_key(static)))
+        self.names, self.static = names, static
         static_names = {n for n, _ in static}
         self.dynamic = tuple(n for n in names if n not in static_names)
-        self._key = (names, tuple((n, float_key(v)) for n, v in static))
 
     def __repr__(self) -> str:
         return f"_Static({', '.join(f'{n}={v!r}' for n, v in self.static)})"
@@ -131,7 +130,7 @@ class _Static(_Keyed):
 
 def _check_class(cls: Any) -> Family:
     family = family_of(cls)
-    if family is None or not family.wraps(cls):
+    if family is None:
         if is_raw(cls):
             kind = f"an instance of {type(cls).__name__}"
         elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
@@ -235,18 +234,10 @@ def _has_dynamic(value: Any) -> bool:
     return any(map(_is_dynamic, jtu.tree_leaves(value, is_leaf=_is_dynamic)))
 
 
-def _hide_static(value: Any) -> Any:
-    if _is_dynamic(value):
-        return value
-    return jtu.tree_map(
-        lambda x: x if _is_dynamic(x) else _Const(x), value, is_leaf=_is_dynamic
-    )
-
-
 def _show(value: Any) -> Any:
     """A dynamic field's value as given (static parts unhidden)."""
-    unhide = lambda x: x.value if isinstance(x, _Const) else x  # noqa: E731
-    return jtu.tree_map(unhide, value, is_leaf=lambda x: isinstance(x, _Const))
+    unhide = lambda x: x.value if isinstance(x, Const) else x  # noqa: E731
+    return jtu.tree_map(unhide, value, is_leaf=lambda x: isinstance(x, Const))
 
 
 _SUBCLASSES: dict[tuple[str, ...], type] = {}
@@ -261,33 +252,30 @@ def _subclass(dynamic: tuple[str, ...]) -> type:
     class per set of names, also when several threads ask at once (two classes
     would give equal wrappers unequal tree structures).
     """
-    sub = _SUBCLASSES.get(dynamic)
-    if sub is None:
-        with _SUBCLASSES_LOCK:
-            sub = _SUBCLASSES.get(dynamic)
-            if sub is None:
-                sub = _SUBCLASSES[dynamic] = _new_subclass(dynamic)
-    return sub
+    with _SUBCLASSES_LOCK:
+        if dynamic not in _SUBCLASSES:
+            namespace = {
+                "__annotations__": dict.fromkeys(dynamic, Any),
+                "__module__": __name__,
+                "__qualname__": "FixedDistrax",
+                "__doc__": FixedDistrax.__doc__,
+            }
+            metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads it
+            _SUBCLASSES[dynamic] = metaclass("FixedDistrax", (FixedDistrax,), namespace)
+        return _SUBCLASSES[dynamic]
 
 
-def _new_subclass(dynamic: tuple[str, ...]) -> type:
-    namespace = {
-        "__annotations__": dict.fromkeys(dynamic, Any),
-        "__module__": __name__,
-        "__qualname__": "FixedDistrax",
-        "__doc__": FixedDistrax.__doc__,
-    }
-    metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads the call
-    return metaclass("FixedDistrax", (FixedDistrax,), namespace)
-
-
-def _make(cls: type, static: _Static, dynamic: Mapping[str, Any]) -> FixedDistrax:
-    """A wrapper from its parts, without calling or checking anything."""
-    self = object.__new__(_subclass(static.dynamic))
-    object.__setattr__(self, "cls", cls)
-    object.__setattr__(self, "_static", static)
-    for name in static.dynamic:
-        object.__setattr__(self, name, dynamic[name])
+def _make(
+    cls: type, static: _Static, dynamic: Mapping[str, Any], self: Any = None
+) -> FixedDistrax:
+    """A wrapper from its parts (`dynamic`: the fields, by name), without calling or
+    checking anything; built in `self` if given. The instance becomes one of the
+    subclass whose fields are the dynamic arguments (same layout: a plain
+    `__dict__`) before any field is set."""
+    self = object.__new__(FixedDistrax) if self is None else self
+    object.__setattr__(self, "__class__", _subclass(static.dynamic))
+    for name, value in {"cls": cls, "_static": static, **dynamic}.items():
+        object.__setattr__(self, name, value)
     return self
 
 
@@ -324,17 +312,16 @@ class _Forwarded:
         return self.function if wrapper is None else jtu.Partial(self.function, wrapper)
 
 
-def _property(distribution: bool, doc: str) -> Any:
+class _Property(property):
     """A forwarded property (named by its attribute): instantiate, then read it."""
 
-    class Forwarded(property):
-        def __set_name__(self, owner: type, name: str) -> None:
-            self.name = name
+    def __init__(self, distribution: bool, doc: str):
+        super().__init__(
+            lambda wrapper: _get(wrapper, distribution, self.name), doc=doc
+        )
 
-    forwarded = Forwarded(
-        lambda self: _get(self, distribution, forwarded.name), doc=doc
-    )
-    return forwarded
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
 
 class FixedDistrax(eqx.Module):
@@ -418,29 +405,23 @@ class FixedDistrax(eqx.Module):
             _check_argument(family, cls, name, value)
         arguments = _floats_to_arrays(arguments, family.static_floats(cls))
         arguments = family.prepare(cls, arguments)
+        hide = lambda x: x if _is_dynamic(x) else Const(x)  # noqa: E731
         dynamic = {
-            n: v if _is_dynamic(v) else _hide_static(v)
+            n: jtu.tree_map(hide, v, is_leaf=_is_dynamic)
             for n, v in arguments.items()
-            if _is_dynamic(v) or _has_dynamic(v)
+            if _has_dynamic(v)
         }
-        for name in dynamic:
-            if name in _RESERVED:
-                raise TypeError(
-                    f"FixedDistrax({cls.__name__}): the array argument `{name}` has "
-                    "the name of a FixedDistrax attribute, so it cannot be a field. "
-                    "Please report this at the eqxprob issue tracker."
-                )
+        for name in _RESERVED.intersection(dynamic):
+            raise TypeError(
+                f"FixedDistrax({cls.__name__}): the array argument `{name}` has "
+                "the name of a FixedDistrax attribute, so it cannot be a field. "
+                "Please report this at the eqxprob issue tracker."
+            )
         static = _Static(
             tuple(arguments),
             tuple((n, v) for n, v in arguments.items() if n not in dynamic),
         )
-        # The instance becomes one of the subclass whose fields are the dynamic
-        # arguments (same layout: a plain `__dict__`), before any field is set.
-        object.__setattr__(self, "__class__", _subclass(static.dynamic))
-        object.__setattr__(self, "cls", cls)
-        object.__setattr__(self, "_static", static)
-        for name, value in dynamic.items():
-            object.__setattr__(self, name, value)
+        _make(cls, static, dynamic, self)
         try:
             family.check_built(_build(resolve(self), False))
         except Exception as e:
@@ -546,7 +527,7 @@ class FixedDistrax(eqx.Module):
         if isinstance(obj, FixedDistrax):
             return obj
         family = family_of_instance(obj)
-        if family is None or not family.wraps(type(obj)):
+        if family is None:
             raise TypeError(
                 "FixedDistrax.from_instance expects a distrax, TFP-JAX or numpyro "
                 f"distribution or bijector instance, got {obj!r}."
@@ -669,16 +650,16 @@ class FixedDistrax(eqx.Module):
     entropy = _Forwarded(True, "The (differential) entropy.")
     kl_divergence = _Forwarded(True, "KL(self || other); `other` wrapped or raw.")
     cross_entropy = _Forwarded(True, "Cross entropy of `other` relative to self.")
-    batch_shape = _property(True, "The batch shape, a tuple for every family.")
-    event_shape = _property(True, "The event shape, a tuple for every family.")
-    dtype = _property(True, "The dtype of samples.")
+    batch_shape = _Property(True, "The batch shape, a tuple for every family.")
+    event_shape = _Property(True, "The event shape, a tuple for every family.")
+    dtype = _Property(True, "The dtype of samples.")
     forward = _Forwarded(False, "y = f(x).")
     inverse = _Forwarded(False, "x = f⁻¹(y).")
     forward_log_det_jacobian = _Forwarded(False, "log|det J(f)(x)|.")
     inverse_log_det_jacobian = _Forwarded(False, "log|det J(f⁻¹)(y)|.")
     forward_and_log_det = _Forwarded(False, "`(f(x), log|det J(f)(x)|)`.")
     inverse_and_log_det = _Forwarded(False, "`(f⁻¹(y), log|det J(f⁻¹)(y)|)`.")
-    event_ndims_in = _property(False, "Trailing axes one log-det term consumes.")
+    event_ndims_in = _Property(False, "Trailing axes one log-det term consumes.")
     __call__ = _Forwarded(False, "Same as `forward`.")
 
 
@@ -700,22 +681,16 @@ def _probed_by_tree_at(wrapper: FixedDistrax) -> bool:
 
 
 def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
-    what = f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r}"
-    fix = "Build a new wrapper with the new value"
-    if type(value) is float:
-        qualname = _family(wrapper.cls).qualname(wrapper.cls)
-        why = (
-            f"is a static Python float ({qualname} branches on it in Python, so it "
-            "is not converted to an array leaf)"
-        )
-        fix += (
-            ". (Other Python floats are leaves already; to make a value trainable "
-            "elsewhere, pass it as `jnp.asarray(...)`.)"
-        )
-    else:
-        why = f"is static (a {type(value).__name__}, part of the structure)"
-        fix += ", or pass an array, e.g. `jnp.asarray(...)`, if it is a parameter."
-    return f"{what} {why}, not a leaf, so `eqx.tree_at` cannot replace it. {fix}"
+    qualname = _family(wrapper.cls).qualname(wrapper.cls)
+    why, fix = f"a static Python float ({qualname} branches on it)", "."
+    if type(value) is not float:
+        why = f"static (a {type(value).__name__}, part of the structure)"
+        fix = ", or pass an array (`jnp.asarray(...)`) if it is a parameter."
+    return (
+        f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r} is "
+        f"{why}, not a leaf, so `eqx.tree_at` cannot replace it. Build a new wrapper "
+        f"with the new value{fix}"
+    )
 
 
 def _caches(wrapper: FixedDistrax) -> bool:
@@ -805,11 +780,8 @@ def _call_through(method: Any, fresh_arrays: bool, *args: Any, **kwargs: Any) ->
     if fresh_arrays:
         args, kwargs = _families.fresh((args, kwargs))
     out = method(*args, **kwargs)
-    if is_raw(out):
-        try:
-            return FixedDistrax.from_instance(out)
-        except TypeError:
-            return out
+    with contextlib.suppress(TypeError):  # (returned raw if it cannot be rebuilt)
+        return FixedDistrax.from_instance(out) if is_raw(out) else out
     return out
 
 
