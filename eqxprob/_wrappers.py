@@ -28,7 +28,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import distrax
 import equinox as eqx
 import jax
 import jax.core
@@ -64,15 +63,16 @@ def _family(cls: type) -> Family:
 
 def float_key(value: Any) -> Any:
     """A hashable key that tells apart what `==` confuses: `1`, `1.0`, `True`,
-    `0.0` and `-0.0`; NaN equals NaN. A distrax bijector is keyed by its class and
-    attributes (unhashable if it holds arrays)."""
+    `0.0` and `-0.0`; NaN equals NaN. A raw library object (a distrax bijector
+    held as a transform) is keyed by its class and attributes (unhashable if it
+    holds arrays)."""
     if type(value) is float:
         return (float, value.hex() if not math.isnan(value) else "nan")
     if type(value) in (tuple, list):
         return (type(value), tuple(map(float_key, value)))
     if type(value) is dict:
         return (dict, tuple((k, float_key(v)) for k, v in value.items()))
-    if isinstance(value, distrax.Bijector):
+    if is_raw(value):
         return (type(value), float_key(vars(value)))
     return (type(value), value)
 
