@@ -218,12 +218,13 @@ class _Problem:
 
 def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable:
     """The chunk as a function of flat arrays: `(params, opt_state, fixed,
-    data, keys, start, n)` to `(params, opt_state, losses, finite)`, running
+    data, key, start, n)` to `(params, opt_state, losses, finite)`, running
     steps `start .. start + n` (n <= capacity) and writing their losses to
     `losses[:n]`; `finite` is whether every parameter is finite at the end."""
 
     def fit_chunk(*flat):
-        params, opt, fixed, data, keys, start, n = jtu.tree_unflatten(trees, flat)
+        params, opt, fixed, data, key, start, n = jtu.tree_unflatten(trees, flat)
+        keys = _split(key)
 
         def blocks(carry):
             j, p, s, losses = carry
@@ -369,11 +370,19 @@ def _check_model(model: PyTree) -> None:
         )
 
 
-def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
+def _split(key: PRNGKeyArray | None) -> PRNGKeyArray | None:
+    """The call's two keys, for its minibatches and for the loss, split in the
+    compiled program (eagerly, the split would compile a program of its own:
+    the first call's compile time, `docs/performance.md`)."""
+    return None if key is None else jax.random.split(key)
+
+
+def _trace_loss(problem: _Problem, params, fixed, data, key) -> _Problem:
     """`problem` with its loss traced, the one trace of the user's loss in this
     call, checked: it must return a real scalar that reads a trainable
     parameter."""
-    arrays = (params, fixed, data, keys, jnp.int32(0))
+    keys = None if key is None else jax.eval_shape(_split, key)
+    arrays = (params, fixed, data, keys, jax.ShapeDtypeStruct((), jnp.int32))
     try:
         closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
     except jax.dtypes.TypePromotionError as e:
@@ -582,14 +591,13 @@ def fit(
             "distrax.Normal, jnp.asarray(0.0), jnp.asarray(1.0))`."
         )
     fixed, skeleton = eqx.partition(static, eqx.is_array)
-    keys = None if key is None else jax.random.split(key)
-    params, fixed, data, keys = _sharding.place_together((params, fixed, data, keys))
+    params, fixed, data, key = _sharding.place_together((params, fixed, data, key))
     params = _strong(params)
     fresh = _init(problem.optimiser, params)
     opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
     problem = dataclasses.replace(problem, skeleton=skeleton)
-    problem = _trace_loss(problem, params, fixed, data, keys)
-    args = (params, opt, fixed, data, keys)
+    problem = _trace_loss(problem, params, fixed, data, key)
+    args = (params, opt, fixed, data, key)
     out = None
     # Under a trace (`jax.jit`, `lax.scan`, ...) even an operation on concrete
     # values gives a tracer: the steps then belong in the caller's program.
@@ -611,7 +619,8 @@ def fit(
     if out is None:  # all steps in one `lax.scan` of the caller's program; nothing
         # reaches the host (no bar, no `NonFiniteLossError`: the losses keep them)
         indices = jnp.arange(steps, dtype=jnp.int32)
-        (params, opt), losses = problem.scan(args[:2], *args[2:], start, indices)
+        carry, keys = (params, opt), _split(key)
+        (params, opt), losses = problem.scan(carry, fixed, data, keys, start, indices)
         state = FitState(opt, jnp.int32(start + steps))
         out = eqx.combine(params, static), losses, state
     return out if return_state else out[:2]

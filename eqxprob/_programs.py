@@ -50,27 +50,30 @@ def program(fn: Callable[..., list], args: list) -> tuple[Callable[..., list], b
     Raises `Traced` if the trace closes over a tracer."""
     # (`keep_unused`: every input is in the lowered text, so two programs with
     # one text take the same inputs.)
-    traced = jax.jit(fn, keep_unused=True).trace(*args)
-    closed = traced.jaxpr
+    closed = jax.make_jaxpr(fn)(*args)
     # (An outer trace's values that `fn` reads become extra inputs, or consts.)
     if len(closed.jaxpr.invars) != len(args) or any(
         isinstance(c, jax.core.Tracer) for c in closed.consts
     ):
         raise Traced
-    text = traced.lower().as_text(debug_info=False)
+    # (Lowered through the program that would run it: JAX keeps that lowering
+    # for its first call, so a new program is lowered once, not twice. Measured
+    # on the VI and log-regression fits' first call: `docs/performance.md`.)
+    made = _jitted(closed, fn)
+    text = made.trace(*args).lower().as_text(debug_info=False)
     if any(word in text for word in _UNCACHEABLE):
-        return _jitted(closed, fn), False
+        return made, False
     # (The text's digest, as JAX's persistent cache keys programs: a key of the
     # text itself would hold every constant of the program twice.)
     key = hashlib.sha256(text.encode()).digest()
     with _LOCK:  # (the program found, or a new one, moved to the end: last used)
-        made = _PROGRAMS[key] = _PROGRAMS.pop(key, None) or _jitted(closed, fn)
+        made = _PROGRAMS[key] = _PROGRAMS.pop(key, None) or made
         if len(_PROGRAMS) > _MAX:
             _PROGRAMS.popitem(last=False)
     return made, True
 
 
-def _jitted(closed: Any, fn: Callable) -> Callable[..., list]:
+def _jitted(closed: Any, fn: Callable) -> jax.stages.Wrapped:
     """`jax.jit` of the closed jaxpr, named as `fn` (in JAX's messages)."""
     run = jex.jaxpr_as_fun(closed)
 
