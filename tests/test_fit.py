@@ -766,6 +766,35 @@ def test_data_on_a_device_compiles_the_chunk_once():
     assert committed == plain
 
 
+def test_a_new_program_is_lowered_once_and_compiled_once():
+    """A fit whose chunk is new (another constant in the loss) lowers it to
+    StableHLO once, for the cache's key and the compile both, and compiles
+    nothing eagerly (its keys are split inside the chunk)."""
+    data = jnp.linspace(0.0, 1.0, 50)
+
+    def counts(c: float) -> tuple[int, int]:
+        def loss(m, b, key):
+            noise = 1e-3 * jax.random.normal(key, b.shape)
+            return jnp.mean((b + noise - m * c) ** 2)
+
+        with Compilations() as n:
+            ep.fit(
+                jnp.array(0.5),
+                loss,
+                optimiser=optax.adam(0.1),
+                steps=5,
+                data=data,
+                batch_size=8,
+                key=jax.random.key(0),
+                progress=False,
+            )
+        return n.lowerings, n.count
+
+    counts(1.0)  # (eager operations of this shape, compiled once per process)
+    assert counts(2.0) == (1, 1)
+    assert counts(2.0) == (1, 0)  # the same program: lowered for its key only
+
+
 def test_progress_bar_shows_in_a_jupyter_kernel():
     """A real kernel (nbclient + ipykernel): `tqdm.auto` decides how to draw the
     bar (a widget with ipywidgets, text otherwise), and the loss shows."""
