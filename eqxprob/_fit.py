@@ -289,9 +289,9 @@ def _arguments(
     if progress not in (True, False):
         raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
     if state is not None and not isinstance(state, FitState):
+        got = type(state).__name__
         raise TypeError(
-            "fit: `state` must be an `ep.FitState` (`ep.FitState.init(model, "
-            f"optimiser)` or one a fit returned), got {type(state).__name__}."
+            f"fit: `state` must be an `ep.FitState` (from a fit), got {got}."
         )
     if not callable(loss_fn):
         raise TypeError(f"fit: `loss_fn` must be callable, got {loss_fn!r}.")
@@ -315,19 +315,14 @@ def _arguments(
             of = f"the number of rows in `data` ({rows})"
             batch_size = _positive("batch_size", batch_size, rows, of)
     elif batch_size is not None:
-        raise ValueError(
-            "fit: `batch_size` needs `data` (a PyTree of arrays with a row axis)."
-        )
+        raise ValueError("fit: `batch_size` needs `data` (a PyTree of arrays, rows).")
     needs_key = batch_size is not None or takes_key
     if needs_key and key is None:
         why = "minibatches" if batch_size is not None else "a loss taking `key`"
         raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
     if key is not None and not needs_key:
-        raise ValueError(
-            "fit: `key` is used only for minibatches (`data` with `batch_size`) or "
-            "by a loss with a `key` parameter; this call has neither. Drop `key`, "
-            "or add `key` to the loss's parameters."
-        )
+        why = "used only for minibatches (`batch_size`) or a loss taking `key`"
+        raise ValueError(f"fit: `key` is {why}; this call has neither. Drop `key`.")
     call = "loss_fn(model" + (", batch" if data is not None else "")
     call += ", key=key)" if takes_key else ")"
     try:  # (a `TypeError` raised inside the loss is the user's own: not here)
@@ -362,11 +357,10 @@ def _check_model(model: PyTree) -> None:
         names = ", ".join(f"`{label}`" for label in labels[:5])
         more = f" (and {len(labels) - 5} more)" if len(labels) > 5 else ""
         raise ValueError(
-            f"fit: {names}{more} are declared with `ep.field(constraint=..., "
-            "bijector=..., trainable=...)` but hold raw arrays, so the optimiser "
-            "would train them as plain unconstrained numbers (out of their "
-            "support, frozen ones included). Call `model = ep.parameterize(model)` "
-            "first, and `ep.resolve(model)` inside the loss."
+            f"fit: {names}{more} are `ep.field(constraint=...)` fields holding raw "
+            "arrays, which would train unconstrained (out of their support, frozen "
+            "ones too). Call `model = ep.parameterize(model)` first, and "
+            "`ep.resolve(model)` in the loss."
         )
 
 
@@ -405,9 +399,8 @@ def _trace_loss(problem: _Problem, params, fixed, data, key) -> _Problem:
     if not any(id(v) in inputs for v in used):
         raise ValueError(
             f"fit: `{problem.call}` does not depend on any trainable parameter of "
-            "the model, so training would change nothing (every loss the same). "
-            "Use the model's arrays in the loss; Python floats and ints are "
-            "static, and `ep.Frozen` values are not trained."
+            "the model: training would change nothing. Use the model's arrays "
+            "(Python floats are static; `ep.Frozen` values are not trained)."
         )
     avals = tuple(_aval(v.aval) for v in closed.jaxpr.invars)
     return dataclasses.replace(problem, traced=closed, avals=avals)
@@ -586,9 +579,7 @@ def fit(
     if not jtu.tree_leaves(params):
         raise ValueError(
             "fit: the model has nothing to train: no float arrays outside "
-            "`ep.Frozen` nodes. Python floats and ints are static (never "
-            "trained): pass `jnp.asarray(1.0)`, e.g. `ep.FixedDistrax("
-            "distrax.Normal, jnp.asarray(0.0), jnp.asarray(1.0))`."
+            "`ep.Frozen` nodes. Python floats are static: pass `jnp.asarray(1.0)`."
         )
     fixed, skeleton = eqx.partition(static, eqx.is_array)
     params, fixed, data, key = _sharding.place_together((params, fixed, data, key))
@@ -604,17 +595,10 @@ def fit(
     if not isinstance(jnp.zeros(()), jax.core.Tracer) and not any(
         isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))
     ):
+        block = _block(jtu.tree_leaves(args), steps, steps_per_block)
         with contextlib.suppress(_programs.Traced):  # (an outer `jax.vmap`'s value)
             out = _run(
-                problem,
-                model,
-                static,
-                args,
-                start,
-                steps,
-                chunk_size,
-                progress,
-                steps_per_block,
+                problem, model, static, args, start, steps, chunk_size, progress, block
             )
     if out is None:  # all steps in one `lax.scan` of the caller's program; nothing
         # reaches the host (no bar, no `NonFiniteLossError`: the losses keep them)
@@ -626,9 +610,7 @@ def fit(
     return out if return_state else out[:2]
 
 
-def _run(
-    problem, model, static, args, start, steps, chunk_size, progress, steps_per_block
-):
+def _run(problem, model, static, args, start, steps, chunk_size, progress, block):
     """`fit` on concrete values: the chunk compiled (`_programs`), then run
     chunk after chunk from the host, each timed to last about a quarter of a
     second: progress, Ctrl-C, and a chunk that went non-finite run again one
@@ -639,7 +621,6 @@ def _run(
     reads a value of an outer transformation."""
     start = int(start)
     flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
-    block = _block(flat, steps, steps_per_block)
     capacity = -(-chunk_size // block) * block
     run, reusable = _programs.program(_chunk(problem, trees, capacity, block), flat)
     if block > 1 and not reusable:  # host callbacks: no discarded steps
@@ -674,10 +655,9 @@ def _run(
                 params, _ = jtu.tree_unflatten(state_tree, flat[:n_state])
                 raise NonFiniteLossError(
                     f"fit: the loss or its gradient is not finite at step {done} "
-                    f"(loss = {float(chunk[0])}). Training stopped; the model with "
-                    "the last finite parameters is attached as `error.model`. Lower "
-                    "the learning rate, check the loss for log/sqrt of non-positive "
-                    "values, or constrain the parameters (e.g. `ep.positive`).",
+                    f"(loss = {float(chunk[0])}); `error.model` holds the last finite "
+                    "parameters. Lower the learning rate, or constrain the "
+                    "parameters the loss takes a log or sqrt of (`ep.positive`).",
                     step=done,
                     model=eqx.combine(params, static),
                     losses=jnp.asarray(np.concatenate([*losses, chunk])),
