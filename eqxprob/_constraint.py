@@ -98,28 +98,22 @@ def holds(constraint: Constraint, value: Any) -> Any:
 def validate(constraint: Constraint, value: Array, name: str) -> Array:
     """Return `value`, or raise `ValueError` naming `name` if it is outside
     `constraint` (an `eqx.error_if` with the same message under `jit`)."""
-    problem = constraint._shape_error(tuple(np.shape(value)))
+    shape = tuple(np.shape(value))
+    problem = constraint._shape_error(shape)
     if problem is not None:
         raise ValueError(
-            f"{name}: {constraint!r} {problem}, but the value has shape "
-            f"{tuple(np.shape(value))}."
+            f"{name}: {constraint!r} {problem}, but the value has shape {shape}."
         )
     ok = holds(constraint, value)
-    batch = tuple(np.shape(value))[: np.ndim(value) - constraint.event_ndim]
+    batch = shape[: len(shape) - constraint.event_ndim]
     if not _errors.broadcasts_to(np.shape(ok), batch):
         raise TypeError(
             f"{type(constraint).__name__}.check returned shape {np.shape(ok)} for a "
-            f"value of shape {np.shape(value)}; it must return one flag per "
-            f"{'entry' if constraint.event_ndim == 0 else 'event'}, shape {batch} "
-            f"(event_ndim = {constraint.event_ndim})."
+            f"value of shape {shape}; it must return shape {batch}, one flag per "
+            f"event (event_ndim = {constraint.event_ndim})."
         )
-    return _errors.check(
-        value,
-        ~ok,
-        f"{name}: the value must lie in {constraint!r}",
-        constraint.fix,
-        ("value", value),
-    )
+    what = f"{name}: the value must lie in {constraint!r}"
+    return _errors.check(value, ~ok, what, constraint.fix)
 
 
 # --- built-in constraints ---------------------------------------------------------
@@ -138,12 +132,10 @@ class _BuiltIn(Constraint):
     def __repr__(self) -> str:  # `constraints.positive`, `constraints.interval(0, 1)`
         # (Named after the built-in class, also for a user's subclass of one.)
         ours = next(c for c in type(self).__mro__ if c.__module__ == __name__)
-        bounds = [
-            _errors.short(vars(self)[k]) for k in ("low", "high") if k in vars(self)
-        ]
-        return f"constraints.{_snake(ours.__name__)}" + (
-            f"({', '.join(bounds)})" if bounds else ""
-        )
+        attrs = vars(self)
+        bounds = [_errors.short(attrs[k]) for k in ("low", "high") if k in attrs]
+        args = f"({', '.join(bounds)})" if bounds else ""
+        return f"constraints.{_snake(ours.__name__)}{args}"
 
 
 def _snake(name: str) -> str:
@@ -261,10 +253,7 @@ class Interval(_BuiltIn):
     (broadcastable arrays allowed). Use `interval(low, high)`, which also accepts
     an infinite bound."""
 
-    fix = (
-        "The interval is open (a sigmoid reaches a bound only at ±inf): move the "
-        "value inside, or widen the bounds."
-    )
+    fix = "The interval is open: move the value inside, or widen the bounds."
 
     def __init__(self, low: ArrayLike, high: ArrayLike):
         self.low, self.high = _bounds("constraints.interval", low=low, high=high)
@@ -365,16 +354,12 @@ class PositiveDefinite(_Square):
     """Symmetric positive-definite matrices (covariance matrices): symmetric within
     `tolerance(dtype)` relative to the largest entry, all eigenvalues `> 0`."""
 
-    fix = (
-        "Symmetrise it (`(A + A.T) / 2`) and add jitter to the diagonal "
-        "(`A + 1e-6 * jnp.eye(n)`)."
-    )
+    fix = "Symmetrise it (`(A + A.T) / 2`) and add jitter: `A + 1e-6 * jnp.eye(n)`."
 
     def _test(self, v):
         finite = jnp.all(jnp.isfinite(v), axis=(-2, -1))
-        safe = jnp.where(
-            finite[..., None, None], v, jnp.eye(v.shape[-1], dtype=v.dtype)
-        )
+        eye = jnp.eye(v.shape[-1], dtype=v.dtype)
+        safe = jnp.where(finite[..., None, None], v, eye)
         vt = jnp.swapaxes(safe, -1, -2)
         scale = jnp.max(jnp.abs(safe), axis=(-2, -1))[..., None, None]
         symmetric = jnp.all(jnp.abs(safe - vt) <= _tolerance(v) * scale, (-2, -1))
@@ -492,10 +477,9 @@ def default_bijector(constraint: Constraint) -> Any:
     bijector = factory(constraint)
     if bijector is None:
         raise TypeError(
-            f"No default bijector is registered for the constraint {constraint!r} "
-            f"(type {type(constraint).__name__}). Register one with "
-            f"`@ep.register_bijector({type(constraint).__name__})`, or pass "
-            "`bijector=` explicitly."
+            f"No default bijector is registered for {constraint!r}: register one "
+            f"with `@ep.register_bijector({type(constraint).__name__})`, or pass "
+            "`bijector=`."
         )
     return _transforms.as_transform(bijector, f"default_bijector({constraint!r})")
 
@@ -529,12 +513,8 @@ def _from_numpyro(c: Any) -> Constraint | None:
         return None
     name = _snake(type(c).__name__.lstrip("_"))
     ours = (real, positive, nonnegative, simplex, lower_cholesky, corr_cholesky)
-    simple: dict[str, Constraint] = {
-        _snake(type(k).__name__): k for k in (*ours, positive_definite)
-    }
-    simple.update(unit_interval=unit_interval, softplus_positive=positive)
-    if name in simple:
-        return simple[name]
+    simple = {_snake(type(k).__name__): k for k in (*ours, positive_definite)}
+    simple = simple | {"unit_interval": unit_interval, "softplus_positive": positive}
     if name == "greater_than":
         return greater_than(c.lower_bound)
     if name == "greater_than_eq" and np.all(np.asarray(c.lower_bound) == 0):
@@ -543,4 +523,4 @@ def _from_numpyro(c: Any) -> Constraint | None:
         return less_than(c.upper_bound)
     if name in ("interval", "open_interval"):
         return interval(c.lower_bound, c.upper_bound)
-    return None
+    return simple.get(name)

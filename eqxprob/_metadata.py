@@ -91,16 +91,14 @@ class ParamSpec:
             object.__setattr__(self, "constraint", constraint)
         if self.trainable is not None and not isinstance(self.trainable, bool):
             raise TypeError(
-                "ParamSpec: `trainable` must be True, False or None, got "
-                f"{self.trainable!r}."
+                f"ParamSpec: `trainable` must be bool or None, got {self.trainable!r}."
             )
         if self.bijector is not None:
             _transforms.as_transform(self.bijector, "ParamSpec: `bijector`")
         if self.prior is not None and not hasattr(self.prior, "log_prob"):
             raise TypeError(
                 f"ParamSpec: the prior {self.prior!r} has no `log_prob`. Use a "
-                "distribution: `ep.FixedDistrax(distrax.Normal, ...)` or a raw "
-                "distrax/TFP/numpyro distribution."
+                "distribution (distrax, TFP, numpyro), raw or in `ep.FixedDistrax`."
             )
 
     def merged(self, base: ParamSpec | None) -> ParamSpec:
@@ -210,14 +208,12 @@ def unparameterized(model: Any) -> list[str]:
 
     pairs = jtu.tree_flatten_with_path(model, is_leaf=stop)[0]
     paths = [path for path, x in pairs if eqx.is_inexact_array(x)]
-    return [
-        label_of(path)
-        for path, spec in zip(paths, _metadata_specs(model, paths))
-        if spec is not None
-        and not (
-            spec.is_trainable and isinstance(spec.transform(), _transforms.Identity)
-        )
-    ]
+
+    def kept(spec: ParamSpec) -> bool:  # `ep.parameterize` leaves the leaf as it is
+        return spec.is_trainable and isinstance(spec.transform(), _transforms.Identity)
+
+    specs = zip(paths, _metadata_specs(model, paths))
+    return [label_of(path) for path, s in specs if s is not None and not kept(s)]
 
 
 def entries(
@@ -281,8 +277,7 @@ def is_parameter_leaf(
     if eqx.is_inexact_array(leaf):
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
             raise TypeError(
-                f"Parameter `{label}` is complex ({leaf.dtype}); constrained "
-                "parameters must be real."
+                f"Parameter `{label}` is complex ({leaf.dtype}); it must be real."
             )
         return True
     kind = f"a Python {type(leaf).__name__}"
@@ -290,9 +285,8 @@ def is_parameter_leaf(
         kind = f"an array of dtype {leaf.dtype}"
     raise TypeError(
         f"Parameter `{label}` has a constraint or bijector but is {kind}, which is "
-        "never trained (Python numbers are static under `eqx.filter_jit`, integer "
-        f"arrays have no gradient). Pass a float array: `jnp.asarray({label}, "
-        "float)`, or drop its annotation."
+        "never trained (Python numbers are static, integer arrays have no gradient). "
+        f"Pass a float array: `jnp.asarray({label}, float)`, or drop its annotation."
     )
 
 
@@ -613,11 +607,8 @@ def in_dtype(prior: Any, dtype: Any) -> Any:
     cannot be wrapped is returned unchanged."""
 
     def cast(x: Any) -> bool:
-        return (
-            eqx.is_array(x)
-            and jnp.issubdtype(x.dtype, jnp.floating)
-            and x.dtype != dtype
-        )
+        floating = eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
+        return floating and x.dtype != dtype
 
     if not any(map(cast, jtu.tree_leaves(prior))):
         return prior
@@ -648,22 +639,18 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
         # and the library is not asked (numpyro warns, TFP with validate_args
         # raises); only the shape of its answer is needed, for the check below.
         outside = ok is not None and not _errors.is_traced(ok) and not np.all(ok)
-        shaped = jax.ShapeDtypeStruct(value.shape, value.dtype)
-        lp = (
-            jax.eval_shape(prior.log_prob, shaped) if outside else prior.log_prob(value)
-        )
+        shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        lp = jax.eval_shape(prior.log_prob, shape) if outside else prior.log_prob(value)
     except (TypeError, ValueError) as e:
         raise ValueError(
-            f"The prior of `{label}` cannot score the parameter (shape "
-            f"{value.shape}): {e}. Give the prior the parameter's shape (or a "
-            "scalar one)."
+            f"The prior of `{label}` cannot score the parameter (shape {value.shape}): "
+            f"{e}. Give the prior the parameter's shape (or a scalar one)."
         ) from e
     if not _errors.broadcasts_to(jnp.shape(lp), batch):
         raise ValueError(
-            f"The prior of `{label}` gives log-densities of shape {lp.shape} for "
-            f"a parameter of batch shape {batch}, so it would count the "
-            "parameter more than once. Give the prior the parameter's shape (or "
-            "a scalar one)."
+            f"The prior of `{label}` gives log-densities of shape {lp.shape} for a "
+            f"parameter of batch shape {batch}, so it would count the parameter more "
+            "than once. Give the prior the parameter's shape (or a scalar one)."
         )
     # Summed in at least float32 (bfloat16 and float16 lose whole units over a
     # few hundred terms), `-inf` outside the support.

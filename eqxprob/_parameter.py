@@ -59,15 +59,14 @@ def to_unconstrained(
     if not _transforms.has_inverse(transform):
         _transforms.inverse(transform, value, name)  # raises the TypeError
     param, back, near = eqx.filter_jit(_round_trip)(transform, value, probe)
-    p = _errors.host(param)
-    bad = ~(abs(p) < np.inf)
+    bijector = f"the bijector {_transforms.describe(transform)}"
+    bad = ~(abs(_errors.host(param)) < np.inf)
     if param.shape != value.shape:  # entries do not correspond: flag it all
         bad = bad.any()
     param = _errors.check(
         param,
         bad,
-        f"{name}: the value is outside the range of the bijector "
-        f"{_transforms.describe(transform)} (its inverse is not finite there)",
+        f"{name}: the value is outside the range of {bijector}",
         "Pass a value inside the bijector's range, or choose another bijector.",
         ("value", value),
     )
@@ -77,58 +76,48 @@ def to_unconstrained(
         param = _errors.check(
             param,
             missed,
-            f"{name}: the value cannot be represented through the bijector "
-            f"{_transforms.describe(transform)} in {value.dtype}: mapped back it "
-            "becomes another number (softplus, say, underflows near the smallest "
-            "normal number)",
+            f"{name}: the value cannot be represented in {value.dtype} by {bijector}",
             "Use a value further from the boundary, or float64.",
             ("value", value),
         )
     if constraint is None:
         return param
-    for output, what, fix in (
-        (
-            back,
-            "cannot be represented through the bijector "
-            f"{_transforms.describe(transform)}: mapped back, it leaves "
-            f"{constraint!r} (a value too close to the boundary for the dtype)",
-            "Move the value further inside the support, or use float64.",
-        ),
-        (near, *_range_leaves(transform, constraint)),
-    ):
-        if output is None:
-            continue
-        ok = _constraint.holds(constraint, output)
-        param = _errors.check(
-            param, ~ok, f"{name} {what}", fix, f"{name} = {_errors.short(value)}"
-        )
-    return param
+    shown = f"{name} = {_errors.short(value)}"
+    param = _errors.check(
+        param,
+        ~_constraint.holds(constraint, back),
+        f"{name} cannot be represented through {bijector}: mapped back, it leaves "
+        f"{constraint!r} (a value too close to the boundary for the dtype)",
+        "Move the value further inside the support, or use float64.",
+        shown,
+    )
+    if near is None:
+        return param
+    return _check_range(param, near, transform, constraint, name, shown)
 
 
 def probe_range(
     transform: Any, param: Array, constraint: Constraint, name: str
 ) -> None:
     """Eagerly check that `transform`'s outputs near `param` lie in `constraint`."""
-    if _errors.is_traced(param):
-        return
-    ok = _constraint.holds(constraint, np.asarray(_near(transform, param)))
-    what, fix = _range_leaves(transform, constraint)
-    _errors.check(
+    if not _errors.is_traced(param):
+        near = np.asarray(_near(transform, param))
+        shown = f"{name} (unconstrained) = {_errors.short(param)}"
+        _check_range(param, near, transform, constraint, name, shown)
+
+
+def _check_range(
+    param: Array, near: Any, transform: Any, constraint: Constraint, name: str, got: str
+) -> Array:
+    """`param`, checked: `transform`'s outputs `near` it must lie in `constraint`
+    (`got` names the value in the message)."""
+    return _errors.check(
         param,
-        ~ok,
-        f"{name} {what}",
-        fix,
-        f"{name} (unconstrained) = {_errors.short(param)}",
-    )
-
-
-def _range_leaves(transform: Any, constraint: Constraint) -> tuple[str, str]:
-    """The message (what, fix) for a bijector whose range leaves its constraint."""
-    return (
-        f"has the bijector {_transforms.describe(transform)}, whose range leaves "
-        f"its constraint {constraint!r}",
-        "Pass a bijector onto the constraint's support, or drop `bijector=` to use "
-        "the constraint's default.",
+        ~_constraint.holds(constraint, near),
+        f"{name} has the bijector {_transforms.describe(transform)}, whose range "
+        f"leaves its constraint {constraint!r}",
+        "Pass a bijector onto the support, or drop `bijector=` for the default.",
+        got,
     )
 
 
@@ -198,22 +187,19 @@ class Bijector(Node):
             leaves = jtu.tree_leaves(param, is_leaf=is_node)
             if not leaves or not all(eqx.is_array(x) or is_node(x) for x in leaves):
                 raise TypeError(
-                    "ep.Bijector: `param` must be an array (the unconstrained "
-                    "value), a nested `ep.Bijector`/`ep.Frozen` node, or a PyTree "
-                    f"of those, got {type(param).__name__}. Build a node from a "
-                    "constrained value with `ep.Bijector.from_value(value, "
-                    "transform)`."
+                    "ep.Bijector: `param` must be an array (the unconstrained value), "
+                    "a nested `ep.Bijector`/`ep.Frozen` node, or a PyTree of those, "
+                    f"got {type(param).__name__}. Build a node from a constrained "
+                    "value with `ep.Bijector.from_value(value, transform)`."
                 )
             self.param = param  # a PyTree (paramax style): its leaves stay
             return
         param = _errors.as_float(param, "ep.Bijector: `param`")
-        p = _errors.host(param)
         self.param = _errors.check(
             param,
-            ~(abs(p) < np.inf),
+            ~(abs(_errors.host(param)) < np.inf),
             "ep.Bijector: `param` (the unconstrained value) must be finite",
-            "Build the node from a constrained value with `ep.Bijector.from_value` "
-            "or a shortcut such as `ep.positive`, which check it.",
+            "Build it with `ep.Bijector.from_value` or a shortcut like `ep.positive`.",
             ("param", param),
         )
 
@@ -281,11 +267,9 @@ class Bijector(Node):
         value = self._shown()
         if value is None:
             return None  # Equinox's default: the fields
-        if np.size(value) <= 4:
-            value_doc = wl.TextDoc(_errors.display(value))
-        else:
-            value_doc = wl.pdoc(value, **kwargs)
-        docs = [value_doc, wl.TextDoc(_transforms.describe(self.transform))]
+        small = np.size(value) <= 4
+        doc = wl.TextDoc(_errors.display(value)) if small else wl.pdoc(value, **kwargs)
+        docs = [doc, wl.TextDoc(_transforms.describe(self.transform))]
         begin, end = wl.TextDoc("Bijector("), wl.TextDoc(")")
         return wl.bracketed(begin, docs, wl.comma, end, kwargs.get("indent", 2))
 
@@ -297,14 +281,9 @@ class Bijector(Node):
             return NotImplemented  # treescope's default: the fields
         from treescope import repr_lib
 
+        attributes = {"value": value, "transform": _transforms.describe(self.transform)}
         return repr_lib.render_object_constructor(
-            object_type=type(self),
-            attributes={
-                "value": value,
-                "transform": _transforms.describe(self.transform),
-            },
-            path=path,
-            subtree_renderer=subtree_renderer,
+            type(self), attributes, path=path, subtree_renderer=subtree_renderer
         )
 
     def __repr__(self) -> str:
@@ -324,7 +303,7 @@ def _is_array_like(x: Any) -> bool:
 
 
 def _from_value(value: Any, transform: Any, constraint: Any, name: str) -> Bijector:
-    explicit = transform is not None
+    probe = transform is not None and constraint is not None  # a bijector by hand
     if constraint is not None:
         constraint = _constraint.as_constraint(constraint, name)
     if transform is None:
@@ -332,7 +311,6 @@ def _from_value(value: Any, transform: Any, constraint: Any, name: str) -> Bijec
             raise TypeError(f"{name}: pass a `transform` or a `constraint`.")
         transform = _constraint.default_bijector(constraint)
     transform = _transforms.as_transform(transform, name)
-    probe = explicit and constraint is not None
     param = to_unconstrained(value, transform, constraint, name, probe=probe)
     return Bijector(param, transform)
 
@@ -507,6 +485,7 @@ def _mask(tree: PyTree, default: bool) -> PyTree[bool]:
     """`trainable`'s mask, `default` at float leaves outside any node."""
     module = _node.paramax()
     frozen = (Frozen,) if module is None else (Frozen, module.NonTrainable)
+    nodes = (Bijector, *frozen)
 
     def spec(x: Any) -> Any:
         if isinstance(x, Bijector):  # the param trains, the transform's arrays not
@@ -517,9 +496,7 @@ def _mask(tree: PyTree, default: bool) -> PyTree[bool]:
             return jtu.tree_map(lambda _: False, x)
         return default and eqx.is_inexact_array(x)
 
-    return jtu.tree_map(
-        spec, tree, is_leaf=lambda x: isinstance(x, (Bijector, *frozen))
-    )
+    return jtu.tree_map(spec, tree, is_leaf=lambda x: isinstance(x, nodes))
 
 
 def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:
@@ -667,8 +644,7 @@ def bounded(
         ) from None
     if not (_errors.is_traced(low) or _errors.is_traced(high)):
         low, high = np.asarray(low), np.asarray(high)
-    constraint = _constraint.interval(low, high)
-    return _from_value(value, None, constraint, "ep.bounded")
+    return _from_value(value, None, _constraint.interval(low, high), "ep.bounded")
 
 
 def lower_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:

@@ -26,10 +26,8 @@ def _call(module: Any, x: Any, state: eqx.nn.State) -> tuple[Any, eqx.nn.State]:
         if not (isinstance(x, tuple) and len(x) == 2):
             raise TypeError(
                 f"{_PREFIX}the wrapped module is itself an `UpdateOnEvent`, so its "
-                "input is the pair `x = (inner_event, inner_x)`: call "
-                "`outer(event, (inner_event, inner_x), state)`, and give "
-                "`example_input=(True, inner_x)` when building the outer one; got "
-                f"a {type(x).__name__}."
+                "input is the pair `x = (inner_event, inner_x)` (build the outer one "
+                f"with `example_input=(True, inner_x)`); got a {type(x).__name__}."
             )
         return module(*x, state)
     return module(x, state)
@@ -71,9 +69,8 @@ def _fill(value: ArrayLike, struct: jax.ShapeDtypeStruct) -> Array:
         return jnp.broadcast_to(value.astype(struct.dtype), struct.shape)
     except ValueError:
         raise ValueError(
-            f"{_PREFIX}`initial_output` has shape {value.shape}, which does not "
-            f"broadcast to the wrapped module's output shape {struct.shape}. Pass a "
-            "scalar, or an array of the output's shape."
+            f"{_PREFIX}`initial_output` has shape {value.shape}, not broadcastable to "
+            f"the output shape {struct.shape}. Pass a scalar or an array of that shape."
         ) from None
 
 
@@ -85,14 +82,12 @@ def _check_event(event: Any) -> bool | BoolScalarLike:
         got = f"dtype {dtype}" if dtype is not None else f"type {type(event).__name__}"
         raise TypeError(
             f"{_PREFIX}`event` must be a Python bool or a boolean JAX array of shape "
-            f"(), but got {got}. Convert it first, e.g. `event = count > 0` or "
-            "`event.astype(bool)`."
+            f"(), but got {got}. Convert it, e.g. `count > 0` or `event.astype(bool)`."
         )
     if jnp.shape(event) != ():
         raise ValueError(
             f"{_PREFIX}`event` must be a scalar (shape ()), but got shape "
-            f"{jnp.shape(event)}. For a batch of events, `jax.vmap` the call over the "
-            "events, the inputs and the state."
+            f"{jnp.shape(event)}. For a batch, `jax.vmap` the events, inputs and state."
         )
     return event
 
@@ -181,13 +176,11 @@ class UpdateOnEvent(eqx.Module):
                 error = ValueError(message)
             raise error from e
         leaves, treedef = jtu.tree_flatten(struct)
-        bad = [
-            type(x).__name__ for x in leaves if not isinstance(x, jax.ShapeDtypeStruct)
-        ]
+        bad = [x for x in leaves if not isinstance(x, jax.ShapeDtypeStruct)]
         if bad:
             raise TypeError(
-                f"{_PREFIX}the wrapped module must return a PyTree of JAX arrays "
-                f"as its output, but it returned a {bad[0]}. Wrap it in `jnp.asarray`."
+                f"{_PREFIX}the wrapped module must return a PyTree of JAX arrays, but "
+                f"it returned a {type(bad[0]).__name__}. Wrap it in `jnp.asarray`."
             )
         init_leaves, init_treedef = jtu.tree_flatten(initial_output)
         if init_treedef.num_leaves == 1 and init_treedef.num_nodes == 1:
@@ -222,21 +215,17 @@ class UpdateOnEvent(eqx.Module):
         def update(inner_state):
             output, inner_state = _call(self.module, x, inner_state)
             new, old = jtu.tree_flatten(output), jtu.tree_flatten(previous)
-            if new[1] != old[1] or any(
-                (jnp.shape(a), jnp.result_type(a)) != (b.shape, b.dtype)
-                for a, b in zip(new[0], old[0])
-            ):
+            got, want = _describe(new[0]), _describe(old[0])  # dtypes and shapes
+            if new[1] != old[1] or got != want:
                 raise ValueError(
-                    f"{_PREFIX}the wrapped module returned [{_describe(new[0])}] but "
-                    f"on `example_input` it returned [{_describe(old[0])}]. Call it "
-                    "with inputs shaped like `example_input`."
+                    f"{_PREFIX}the wrapped module returned [{got}] but on "
+                    f"`example_input` it returned [{want}]. Call it with inputs shaped "
+                    "like `example_input`."
                 )
             cast = jtu.tree_map(lambda a, b: jnp.asarray(a, b.dtype), output, previous)
             return cast, inner_state
 
-        def keep(inner_state):
-            return previous, inner_state
-
+        keep = lambda inner_state: (previous, inner_state)
         if isinstance(event, bool):
             output, inner_state = (update if event else keep)(inner_state)
         else:

@@ -65,12 +65,10 @@ class Summary:
 
     def __str__(self) -> str:
         cells = [list(_COLUMNS), *self._cells()]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-        lines = [
-            "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        widths = [max(map(len, column)) for column in zip(*cells)]
+        cells.insert(1, ["-" * w for w in widths])
+        lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells)
+        return "\n".join(line.rstrip() for line in lines)
 
     __repr__ = __str__
 
@@ -165,38 +163,27 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
         label, bijector = _metadata.label_of(path), ""
         # (Trainable as `ep.trainable` says, paramax's `NonTrainable` included.)
         trainable = any(jtu.tree_leaves(_parameter.trainable(item)))
+        value = _parameter.resolve(item)  # (leaves resolve to themselves)
         if _parameter.is_node(item):
             inner = item.value if isinstance(item, _parameter.Frozen) else item
-            value = _parameter.resolve(item)
             if _parameter.is_bijector(inner):
                 bijector = _transforms.describe(_parameter.resolve(inner.transform))
         elif isinstance(item, wrapper):  # its value under the parameter's name
             inner = item.tree if isinstance(item, frozen_wrapper) else item  # pyright: ignore[reportAttributeAccessIssue]
-            value = _parameter.resolve(item)
             bijector = type(inner).__name__ if isinstance(inner, wrapper) else ""
         elif eqx.is_array(item):
-            value = item
             trainable = trainable and (spec is None or spec.is_trainable)
             if _metadata.is_parameter_leaf(spec, label, item):
                 bijector = _transforms.describe(spec.transform())
-        elif isinstance(item, (int, float, complex)):  # static: never trained
-            value = item
-        else:
+        elif not isinstance(item, (int, float, complex)):  # numbers: never trained
             continue  # other static leaves (strings, functions, ...)
         if not isinstance(value, (jax.core.Tracer, int, float, complex)):
             value = np.asarray(value)
+        dtype = getattr(value, "dtype", type(value).__name__)
+        shown = (str(tuple(np.shape(value))), str(dtype), _errors.display(value))
         constraint = getattr(spec, "constraint", None)
         constraint = "" if constraint is None else repr(constraint)
-        rows.append(
-            Row(
-                label,
-                str(tuple(np.shape(value))),
-                str(getattr(value, "dtype", type(value).__name__)),
-                _errors.display(value),
-                constraint.removeprefix("constraints."),
-                bijector,
-                _distribution(getattr(spec, "prior", None)),
-                bool(trainable),
-            )
-        )
+        constraint = constraint.removeprefix("constraints.")
+        prior = _distribution(getattr(spec, "prior", None))
+        rows.append(Row(label, *shown, constraint, bijector, prior, bool(trainable)))
     return Summary(rows)

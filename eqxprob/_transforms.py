@@ -212,12 +212,10 @@ class LowerCholesky(BuiltIn):
 
     def forward(self, x: Array) -> Array:
         x = jnp.asarray(x)
-        n = _side(x.shape[-1])
-        rows, cols, _ = _tril_layout(n)
+        rows, cols, _ = _tril_layout(_side(x.shape[-1]))
         # (A `where` over all entries, not a gather and a scatter of the diagonal:
         # the SVGP example's step compiles to as many instructions as by hand.)
-        x = jnp.where(rows == cols, jax.nn.softplus(x), x)
-        return jnp.zeros((*x.shape[:-1], n, n), x.dtype).at[..., rows, cols].set(x)
+        return _lower(jnp.where(rows == cols, jax.nn.softplus(x), x))
 
     def inverse(self, y: Array) -> Array:
         rows, cols, diag = _tril_layout(y.shape[-1])
@@ -275,28 +273,27 @@ class CorrCholesky(BuiltIn):
         return 1.0
 
     def forward(self, x: Array) -> Array:
-        z = _strictly_lower(x)
+        z = _lower(x, offset=1)
         z = z + jnp.eye(z.shape[-1], dtype=z.dtype)
         return z / jnp.linalg.norm(z, axis=-1, keepdims=True)
 
     def inverse(self, y: Array) -> Array:
-        n = y.shape[-1]
-        rows, cols = np.tril_indices(n, -1)
+        rows, cols = np.tril_indices(y.shape[-1], -1)
         diagonal = jnp.diagonal(y, axis1=-2, axis2=-1)
         return (y / diagonal[..., :, None])[..., rows, cols]
 
     def forward_log_det_jacobian(self, x: Array) -> Array:
-        z = _strictly_lower(x)
+        z = _lower(x, offset=1)
         i = np.arange(z.shape[-1]).astype(z.dtype)
         return -jnp.sum((i + 2) / 2 * jnp.log1p(jnp.sum(z**2, axis=-1)), axis=-1)
 
 
-def _strictly_lower(x: Array) -> Array:
-    """The `n × n` matrix whose strictly lower triangle holds `x`'s last axis,
-    row by row; zeros elsewhere."""
+def _lower(x: Array, offset: int = 0) -> Array:
+    """The `n × n` matrix whose lower triangle (strictly lower for `offset=1`)
+    holds `x`'s last axis, row by row; zeros elsewhere."""
     x = jnp.asarray(x)
-    n = _side(x.shape[-1], offset=1)
-    rows, cols = np.tril_indices(n, -1)
+    n = _side(x.shape[-1], offset)
+    rows, cols = np.tril_indices(n, -offset)
     return jnp.zeros((*x.shape[:-1], n, n), x.dtype).at[..., rows, cols].set(x)
 
 
@@ -357,7 +354,6 @@ def as_transform(transform: Any, owner: str) -> Any:
 
     `owner` names the parameter or function for error messages.
     """
-    name = type(transform).__name__
     if isinstance(transform, (Static, BuiltIn)):
         return transform
     if isinstance(transform, FixedDistrax):
@@ -389,8 +385,8 @@ def as_transform(transform: Any, owner: str) -> Any:
         hash(transform)
     except TypeError:
         raise TypeError(
-            f"{owner}: the callable bijector of type {name} is not hashable, so it "
-            "cannot be static. Use a function or an `eqx.Module`."
+            f"{owner}: the callable bijector of type {type(transform).__name__} is "
+            "not hashable, so it cannot be static. Use a function or an `eqx.Module`."
         ) from None
     return Static(Const(transform))
 
@@ -412,8 +408,7 @@ def _method(
         plain = " (a plain callable is forward only)" if callable(held) else ""
         raise TypeError(
             f"{owner}: the bijector {describe(transform)} has no `{name}`{plain}, so "
-            f"it cannot {action}. Use one with `forward`, `inverse` and "
-            "`forward_log_det_jacobian` (e.g. `ep.FixedDistrax(tfb.Sigmoid)`)."
+            f"it cannot {action}. Use one with it, e.g. `ep.FixedDistrax(tfb.Sigmoid)`."
         )
     return method
 
@@ -459,9 +454,8 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
         if held.cls is not tfb.SoftmaxCentered:
             raise TypeError(
                 f"{owner}: the bijector {describe(transform)} contains "
-                "`tfb.SoftmaxCentered`, whose TFP log-det is ½ log n off a Dirichlet "
-                "density's. Use it alone, or "
-                "`ep.default_bijector(ep.constraints.simplex)`."
+                "`tfb.SoftmaxCentered` (whose TFP log-det is off by ½ log n): use it "
+                "alone, or `ep.default_bijector(ep.constraints.simplex)`."
             )
         # TFP's log-det is w.r.t. the simplex embedded in ℝⁿ; Dirichlet densities
         # are w.r.t. the first n - 1 coordinates: drop TFP's ½ log n.

@@ -138,9 +138,7 @@ class Guide(eqx.Module):
         """The template with `values` in the random parameters' slots and the
         frozen ones' values (without gradient), in unconstrained space."""
         leaves, treedef = jtu.tree_flatten(self.template, is_leaf=_is_template_leaf)
-        for i, x in enumerate(leaves):
-            if isinstance(x, _Held):
-                leaves[i] = jax.lax.stop_gradient(x.value)
+        leaves = [x.unwrap() if isinstance(x, _Held) else x for x in leaves]
         for r, value in zip(self.randoms, values):
             leaves[r.item] = value
         return jtu.tree_unflatten(treedef, leaves)
@@ -198,12 +196,10 @@ class Guide(eqx.Module):
         raw = _metadata.unconstrain(model, self.overrides)
         leaves = jtu.tree_leaves(raw, is_leaf=_parameter.is_node)
         for r in self.randoms:
-            if jnp.shape(leaves[r.item]) != r.shape:
+            if (shape := jnp.shape(leaves[r.item])) != r.shape:
                 raise ValueError(
-                    f"Guide.log_prob: `{r.label}` has shape "
-                    f"{jnp.shape(leaves[r.item])}, the guide's has {r.shape}. Pass "
-                    "one model; for a batch of draws use "
-                    "`jax.vmap(guide.log_prob)(draws)`."
+                    f"Guide.log_prob: `{r.label}` has shape {shape}, not {r.shape}. "
+                    "Pass one model; for draws, `jax.vmap(guide.log_prob)(draws)`."
                 )
         u = jnp.concatenate([jnp.ravel(leaves[r.item]) for r in self.randoms])
         return self.distribution.log_prob(u)
@@ -310,10 +306,9 @@ def guide(
             if not _errors.is_traced(start_lp) and not bool(jnp.isfinite(start_lp)):
                 raise ValueError(
                     f"guide: the value of `{label}` is outside the support of its "
-                    f"prior {type(prior).__name__} (log prior {start_lp}). Start "
-                    "it inside, and give it the matching constraint (e.g. "
-                    "`constraint=ep.constraints.positive` for a Gamma prior) so that "
-                    "samples stay inside too."
+                    f"prior {type(prior).__name__} (log prior {start_lp}). Start it "
+                    "inside with the matching constraint (`ep.constraints.positive` "
+                    "for a Gamma prior) so that samples stay inside too."
                 )
             pieces.append(jnp.ravel(value))
             leaves.append(_Slot(value.shape, value.dtype))
@@ -322,9 +317,8 @@ def guide(
             leaves.append(_Held(value) if held else value)
     if not randoms:
         raise ValueError(
-            "guide: no parameter of the model has a prior, so there is nothing to "
-            "infer. Declare priors with `ep.field(prior=...)` or overrides "
-            "`{where: ep.ParamSpec(prior=...)}`."
+            "guide: no parameter of the model has a prior. Declare priors with "
+            "`ep.field(prior=...)` or overrides `{where: ep.ParamSpec(prior=...)}`."
         )
     loc = _errors.as_float(jnp.concatenate(pieces), "guide")
     d, dtype = loc.shape[0], loc.dtype
@@ -419,11 +413,8 @@ def elbo(
                 f"elbo: `log_likelihood(model)` must return a scalar, got shape "
                 f"{jnp.shape(ll)}. Sum over the data."
             )
-        return (
-            likelihood_scale * ll
-            + guide._log_prior(model, analytic)
-            + guide._log_det(u)
-        )
+        log_prior = guide._log_prior(model, analytic)
+        return likelihood_scale * ll + log_prior + guide._log_det(u)
 
     # One sample: no `vmap` (XLA's batched matmul of a batch of one costs twice
     # the plain one on CPU).

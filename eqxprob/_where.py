@@ -140,9 +140,8 @@ def _parse(label: str) -> _Steps:
         match = _TOKEN.match(label, pos)
         if match is None:
             raise ValueError(
-                f"Cannot parse the label {label!r} at position {pos}. A label is "
-                "what `where_labels` returns: attributes joined by dots, then "
-                "`[0]` for an index or `['k']` for a key, e.g. \"a.b[0]['k']\"."
+                f"Cannot parse the label {label!r} at position {pos}: write attributes "
+                "joined by dots, `[0]` for indices, `['k']` for keys: \"a.b[0]['k']\"."
             )
         name, index, string = match.groups()
         if name is not None and not name.isidentifier():
@@ -156,7 +155,10 @@ def _parse(label: str) -> _Steps:
     return tuple(steps)
 
 
-def _where_from_label(label: str) -> Where:
+def _as_where(label: Where | str) -> Where:
+    """A where-function as it is, or one parsed from a label."""
+    if not isinstance(label, str):
+        return label
     steps = _parse(label)
 
     def where(tree: Any) -> Any:
@@ -270,9 +272,8 @@ def _key_path(
             keys = ", ".join(jtu.keystr((k,)) for k, _ in children) or "none"
             raise ValueError(
                 f"`where` selects {label!r}, but the tree has no such node: the "
-                f"{type(node).__name__} at {at} has no pytree child {step} (its "
-                f"children are: {keys}). Static fields, properties and methods "
-                "are not pytree nodes."
+                f"{type(node).__name__} at {at} has no pytree child {step} (children: "
+                f"{keys}). Static fields, properties and methods are not pytree nodes."
             )
         key, node = found[0]
         path.append(key)
@@ -344,10 +345,7 @@ def _key_label(key: Any) -> str:
 
 
 def _immutable(self: WhereDict, *args: Any, **kwargs: Any) -> Any:
-    raise TypeError(
-        "A WhereDict is immutable. Build a new one, e.g. "
-        "`WhereDict([*d.where_items(), (where, value)])`."
-    )
+    raise TypeError("A WhereDict is immutable. Build a new one: `d | {where: value}`.")
 
 
 class WhereDict(dict):
@@ -414,9 +412,7 @@ class WhereDict(dict):
         # Reached for every key but a label present.
         if isinstance(key, str):
             labels = ", ".join(map(repr, self)) or "none"
-            raise KeyError(
-                f"No entry for {key!r} in this WhereDict (labels: {labels})."
-            )
+            raise KeyError(f"No entry for {key!r} in the WhereDict (labels: {labels}).")
         return self[_key_label(key)]
 
     def __contains__(self, key: object) -> bool:
@@ -445,10 +441,7 @@ class WhereDict(dict):
 
     def wheres(self) -> tuple[Where, ...]:
         """The where-functions of the keys, in insertion order."""
-        return tuple(
-            _where_from_label(k) if isinstance(k, str) else k
-            for k in self._keys.values()
-        )
+        return tuple(map(_as_where, self._keys.values()))
 
     def where_items(self) -> tuple[tuple[Where, Any], ...]:
         """`(where-function, value)` pairs, in insertion order."""
@@ -489,16 +482,14 @@ def _unflatten_where_dict(aux: tuple, values: Iterable[Any]) -> WhereDict:
     return new
 
 
+def _flatten_where_dict(d: WhereDict) -> tuple[list, tuple]:
+    children = [(jtu.DictKey(label), value) for label, value in dict.items(d)]
+    return children, tuple(d._keys.items())
+
+
 # A pytree over its values (keyed by label), so `jax.jit`, `jax.grad` and
 # `eqx.filter_*` see the arrays inside, as for a `dict`.
-jtu.register_pytree_with_keys(
-    WhereDict,
-    lambda d: (
-        [(jtu.DictKey(label), value) for label, value in dict.items(d)],
-        tuple(d._keys.items()),
-    ),
-    _unflatten_where_dict,
-)
+jtu.register_pytree_with_keys(WhereDict, _flatten_where_dict, _unflatten_where_dict)
 
 
 def tree_at_all(
