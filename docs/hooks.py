@@ -6,6 +6,9 @@
   time, in order, in one namespace (as tests/test_docs.py does), and shows under each
   block what it printed and the matplotlib figures it drew: the build fails if the
   code fails, so what the page shows is what its code does.
+- A line `<!-- source: examples/x.py Name other -->` becomes a `python` block of
+  those top-level definitions, read from the file at build time (so the page shows
+  the code that runs, never a copy); a missing name fails the build.
 
 It runs on each page's HTML (`on_page_content`, before mkdocs-autorefs resolves
 references) and wraps `<code>ep.name</code>` in an autorefs reference to
@@ -17,6 +20,7 @@ a reference it cannot resolve.
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextlib
 import io
@@ -90,7 +94,32 @@ def execute(markdown: str, name: str) -> str:
     return "".join(parts) + markdown[done:]
 
 
+_SOURCE = re.compile(r"^<!-- source: (\S+) ([\w ]+) -->$", re.MULTILINE)
+_ROOT = pathlib.Path(__file__).parent.parent
+
+
+def source(markdown: str) -> str:
+    """`markdown` with each `<!-- source: path names -->` line replaced by the
+    named top-level definitions of `path` (relative to the repository)."""
+
+    def replace(match: re.Match) -> str:
+        text = (_ROOT / match.group(1)).read_text()
+        defined = {getattr(node, "name", None): node for node in ast.parse(text).body}
+        lines = text.splitlines()
+        blocks = []
+        for name in match.group(2).split():
+            if name not in defined:
+                raise KeyError(f"{match.group(1)} defines no top-level {name!r}")
+            node = defined[name]
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            blocks.append("\n".join(lines[first - 1 : node.end_lineno]))
+        return "```python\n" + "\n\n\n".join(blocks) + "\n```"
+
+    return _SOURCE.sub(replace, markdown)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    markdown = source(markdown)
     if not page.meta.get("execute"):
         return markdown
     return execute(markdown, page.file.src_path)

@@ -327,6 +327,30 @@ class _Property(property):
 class FixedDistrax(eqx.Module):
     """A distrax, TFP-JAX or numpyro distribution or bijector as a proper PyTree.
 
+    **Arguments:**
+
+    - `cls`: a concrete distrax, TFP-JAX or numpyro distribution or bijector class.
+    - `*args`, `**kwargs`: its constructor arguments.
+
+    **Raises:**
+
+    `TypeError` if `cls` is not such a class, a keyword is unknown, or an argument
+    can be neither a leaf nor static; `TypeError`/`ValueError` naming the class if
+    it rejects the arguments (checked by building it once at construction).
+
+    **Example:**
+
+    ```python
+    import distrax
+    import equinox as eqx
+    import jax.numpy as jnp
+    import eqxprob as ep
+
+    dist = ep.FixedDistrax(distrax.Normal, loc=jnp.zeros(3), scale=jnp.ones(3))
+    grads = eqx.filter_grad(lambda d: d.log_prob(1.0).sum())(dist)
+    print(grads.loc)  # [1. 1. 1.]
+    ```
+
     Holds the class (static) and its constructor arguments, and builds the
     underlying object afresh at every method call, which costs nothing after
     `jax.jit`. The leaves are exactly the array arguments, each in a field named
@@ -369,30 +393,6 @@ class FixedDistrax(eqx.Module):
 
     No call mutates process-wide state, so wrappers may be used from several
     threads at once.
-
-    **Arguments:**
-
-    - `cls`: a concrete distrax, TFP-JAX or numpyro distribution or bijector class.
-    - `*args`, `**kwargs`: its constructor arguments.
-
-    **Raises:**
-
-    `TypeError` if `cls` is not such a class, a keyword is unknown, or an argument
-    can be neither a leaf nor static; `TypeError`/`ValueError` naming the class if
-    it rejects the arguments (checked by building it once at construction).
-
-    **Example:**
-
-    ```python
-    import distrax
-    import equinox as eqx
-    import jax.numpy as jnp
-    import eqxprob as ep
-
-    dist = ep.FixedDistrax(distrax.Normal, loc=jnp.zeros(3), scale=jnp.ones(3))
-    grads = eqx.filter_grad(lambda d: d.log_prob(1.0).sum())(dist)
-    print(grads.loc)  # [1. 1. 1.]
-    ```
     """
 
     cls: type = eqx.field(static=True)
