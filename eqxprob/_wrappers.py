@@ -140,9 +140,8 @@ def _check_class(cls: Any) -> Family:
         kind = f"an instance of {type(cls).__name__}"
     elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
         kind += (
-            ", a numpyro factory function rather than a class (use the class it "
-            "returns, e.g. `numpyro.distributions.CategoricalLogits` for "
-            "`Categorical(logits=...)`)"
+            ", a numpyro factory function, not a class (use the class it returns, e.g. "
+            "`numpyro.distributions.CategoricalLogits` for `Categorical(logits=...)`)"
         )
     raise TypeError(
         "FixedDistrax expects a distrax, TFP-JAX or numpyro distribution or bijector "
@@ -199,8 +198,7 @@ def _check_argument(cls: type, name: str, value: Any) -> None:
         except TypeError:
             raise TypeError(
                 f"{where} of type {type(leaf).__name__} is neither an array nor "
-                "hashable, so it can be neither a leaf nor static. Pass it as a "
-                "JAX/NumPy array, or as a hashable value."
+                "hashable (neither leaf nor static): pass an array or a hashable value."
             ) from None
 
 
@@ -209,15 +207,10 @@ def _floats_to_arrays(arguments: dict[str, Any], keep: frozenset) -> dict[str, A
     float dtype (float32 unless x64 is on), not weakly typed; concrete ones, also
     when the wrapper is built under a trace (as the float was)."""
     dtype = jax.dtypes.canonicalize_dtype(np.float64)
+    to_array = lambda x: jnp.asarray(x, dtype) if type(x) is float else x  # noqa: E731
     with jax.ensure_compile_time_eval():
         return {
-            n: v
-            if n in keep
-            else jtu.tree_map(
-                lambda x: jnp.asarray(x, dtype) if type(x) is float else x,
-                v,
-                is_leaf=_is_dynamic,
-            )
+            n: v if n in keep else jtu.tree_map(to_array, v, is_leaf=_is_dynamic)
             for n, v in arguments.items()
         }
 
@@ -249,7 +242,6 @@ def _subclass(dynamic: tuple[str, ...]) -> type:
             namespace = {
                 "__annotations__": dict.fromkeys(dynamic, Any),
                 "__module__": __name__,
-                "__qualname__": "FixedDistrax",
                 "__doc__": FixedDistrax.__doc__,
             }
             metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads it
@@ -308,9 +300,8 @@ class _Property(property):
     """A forwarded property (named by its attribute): instantiate, then read it."""
 
     def __init__(self, distribution: bool, doc: str):
-        super().__init__(
-            lambda wrapper: _get(wrapper, distribution, self.name), doc=doc
-        )
+        getter = lambda wrapper: _get(wrapper, distribution, self.name)  # noqa: E731
+        super().__init__(getter, doc=doc)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -411,13 +402,10 @@ class FixedDistrax(eqx.Module):
         try:
             family.check_built(_build(resolve(self), False))
         except Exception as e:
-            message = (
-                f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "
-                f"arguments ({', '.join(_items(self.arguments))}): {e}"
-            )
+            message = _failed(self, "rejected the arguments", e)
             if any(v is None or type(v) is int for v in arguments.values()):
                 message += (
-                    f" (A prefix tree such as `jax.vmap`'s `in_axes` is built with "
+                    " (A prefix tree such as `jax.vmap`'s `in_axes` is built with "
                     f"`FixedDistrax.spec({cls.__name__}, ...)`, which calls no class.)"
                 )
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
@@ -518,10 +506,9 @@ class FixedDistrax(eqx.Module):
     @property
     def arguments(self) -> dict[str, Any]:
         """The constructor arguments by parameter name (nested wrappers kept)."""
-        static = self._static
-        shown = {name: _show(self.__dict__[name]) for name in static.dynamic}
-        values = {**dict(static.static), **shown}
-        return {name: values[name] for name in static.names}
+        shown = {name: _show(value) for name, value in _fields(self).items()}
+        values = {**dict(self._static.static), **shown}
+        return {name: values[name] for name in self._static.names}
 
     def instantiate(self) -> Any:
         """Build the underlying distrax/TFP/numpyro object, unwrapping nested wrappers.
@@ -563,8 +550,7 @@ class FixedDistrax(eqx.Module):
             getitem = _fall_through(self, "__getitem__")
         except AttributeError:
             name = _qualname(self.cls)
-            error = TypeError(f"FixedDistrax({name}): {name} cannot be sliced.")
-            raise error from None
+            raise TypeError(f"FixedDistrax({name}): {name} cannot be sliced.") from None
         return getitem(index)
 
     def __repr__(self) -> str:
@@ -587,15 +573,11 @@ class FixedDistrax(eqx.Module):
         from treescope import repr_lib
 
         return repr_lib.render_object_constructor(
-            object_type=self.cls,
-            attributes=self.arguments,
-            path=path,
-            subtree_renderer=subtree_renderer,
+            self.cls, self.arguments, path, subtree_renderer
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        dynamic = {n: self.__dict__[n] for n in self._static.dynamic}
-        return _make, (self.cls, self._static, dynamic)
+        return _make, (self.cls, self._static, _fields(self))
 
     @property
     def is_distribution(self) -> bool:
@@ -655,19 +637,21 @@ def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
         fix = ", or pass an array (`jnp.asarray(...)`) if it is a parameter."
     return (
         f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r} is "
-        f"{why}, not a leaf, so `eqx.tree_at` cannot replace it. Build a new wrapper "
-        f"with the new value{fix}"
+        f"{why}, not a leaf: `eqx.tree_at` cannot replace it. Build a new wrapper{fix}"
     )
+
+
+def _fields(wrapper: FixedDistrax) -> dict[str, Any]:
+    """The dynamic fields of `wrapper`, by name, as stored."""
+    return {name: wrapper.__dict__[name] for name in wrapper._static.dynamic}
 
 
 def _caches(wrapper: FixedDistrax) -> bool:
     """Whether `wrapper` builds any object of a family that caches by identity."""
-    inner = jtu.tree_leaves(
-        wrapper, is_leaf=lambda x: x is not wrapper and _is_wrapper(x)
-    )
-    return _family(wrapper.cls).caches_by_identity or any(
-        _caches(w) for w in inner if _is_wrapper(w)
-    )
+    if _family(wrapper.cls).caches_by_identity:
+        return True
+    nested = jtu.tree_leaves(_fields(wrapper), is_leaf=_is_wrapper)
+    return any(_caches(w) for w in nested if _is_wrapper(w))
 
 
 def _build(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
@@ -692,12 +676,17 @@ def _built(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
     try:
         return _build(wrapper, fresh_arrays)
     except (TypeError, ValueError) as e:
-        message = (
-            f"FixedDistrax({wrapper.cls.__name__}): {_qualname(wrapper.cls)} cannot be "
-            f"built from its arguments ({', '.join(_items(wrapper.arguments))}): {e}. "
-            "A field replaced by `eqx.tree_at` must keep a shape and dtype it accepts."
+        message = _failed(wrapper, "cannot be built from its arguments", e) + (
+            ". A field replaced by `eqx.tree_at` needs a shape and dtype it accepts."
         )
         raise (TypeError if isinstance(e, TypeError) else ValueError)(message) from e
+
+
+def _failed(wrapper: FixedDistrax, what: str, e: Exception) -> str:
+    """The message of `e`, raised building `wrapper`: its class and arguments."""
+    items = ", ".join(_items(wrapper.arguments))
+    name, qualname = wrapper.cls.__name__, _qualname(wrapper.cls)
+    return f"FixedDistrax({name}): {qualname} {what} ({items}): {e}"
 
 
 def _check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
@@ -705,19 +694,17 @@ def _check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
     ours = _family(wrapper.cls)
     cls = other.cls if _is_wrapper(other) else type(other)
     theirs = family_of(cls) if _is_wrapper(other) else family_of_instance(other)
-    if theirs in (None, ours) or _families.NUMPYRO not in (ours, theirs):
-        return
-    raise TypeError(
-        f"FixedDistrax({wrapper.cls.__name__}).{method}: the other distribution is "
-        f"a {theirs.qualname(cls)} and this one a {ours.qualname(wrapper.cls)}; "  # pyright: ignore[reportOptionalMemberAccess]
-        "numpyro's KL registry and distrax/TFP's do not know each other's classes. "
-        "Wrap both from one library (e.g. `ep.FixedDistrax(distrax.Normal, ...)` "
-        "for both), or write the KL from their parameters."
-    )
+    if theirs not in (None, ours) and _families.NUMPYRO in (ours, theirs):
+        raise TypeError(
+            f"FixedDistrax({wrapper.cls.__name__}).{method}: the other distribution "
+            f"is a {theirs.qualname(cls)} and this one a {ours.qualname(wrapper.cls)}; "  # pyright: ignore[reportOptionalMemberAccess]
+            "numpyro's KL registry and distrax/TFP's do not know each other's "
+            "classes. Wrap both from one library or write the KL from their parameters."
+        )
 
 
 def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
-    if _family(wrapper.cls).is_distribution_class(wrapper.cls) != distribution:
+    if wrapper.is_distribution != distribution:
         kind, other = ["distribution", "bijector"][:: 1 if distribution else -1]
         raise TypeError(
             f"FixedDistrax({wrapper.cls.__name__}) wraps a {other}; `{method}` is "
@@ -824,9 +811,8 @@ def _leaves_match(a: Any, b: Any) -> bool:
     def same(x: Any, y: Any) -> bool:
         if not (eqx.is_array_like(x) and eqx.is_array_like(y)):
             return x is y or x == y
-        if jnp.shape(x) != jnp.shape(y) or jnp.result_type(x) != jnp.result_type(y):
-            return False
-        return np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+        alike = (jnp.shape(x), jnp.result_type(x)) == (jnp.shape(y), jnp.result_type(y))
+        return alike and np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
 
     la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
     return len(la) == len(lb) and all(map(same, la, lb))
