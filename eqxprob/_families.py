@@ -35,7 +35,6 @@ from typing import Any
 import distrax
 import equinox as eqx
 import jax
-import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -44,11 +43,6 @@ from tensorflow_probability.substrates import jax as tfp
 
 tfd = tfp.distributions
 tfb = tfp.bijectors
-
-NUMPYRO_HINT = (
-    "numpyro is an optional dependency of eqxprob: install it with "
-    "`pip install -e '.[numpyro]'` from eqxprob's clone (or `pip install numpyro`)."
-)
 
 
 def require_numpyro() -> Any:
@@ -61,7 +55,10 @@ def require_numpyro() -> Any:
     try:
         return importlib.import_module("numpyro.distributions")
     except ImportError as e:
-        raise ImportError(f"{NUMPYRO_HINT} ({e})") from e
+        raise ImportError(
+            "numpyro is an optional dependency of eqxprob: `pip install -e "
+            f"'.[numpyro]'` from eqxprob's clone (or `pip install numpyro`). ({e})"
+        ) from e
 
 
 def fresh(x: Any) -> Any:
@@ -71,6 +68,9 @@ def fresh(x: Any) -> Any:
 
 
 # ------------------------------------------------------------------------ adapters
+
+_MISSING = object()  # (an argument that an instance does not keep)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def as_tuple(shape: Any) -> tuple[int, ...] | Any:
@@ -82,8 +82,8 @@ def as_tuple(shape: Any) -> tuple[int, ...] | Any:
 class Family(abc.ABC):
     """How eqxprob talks to one library of distributions and bijectors.
 
-    Abstract: a family implements `bases`, `arguments_of` and `event_ndims_in`;
-    the rest has defaults.
+    Abstract: a family implements `bases`, `event_ndims_in` and either `argument`
+    or `arguments_of`; the rest has defaults.
     """
 
     name: str = ""
@@ -137,13 +137,24 @@ class Family(abc.ABC):
     def get(self, obj: Any, name: str) -> Any:
         if name == "event_ndims_in":
             return self.event_ndims_in(obj)
-        value = getattr(obj, name)
-        return as_tuple(value) if name in ("batch_shape", "event_shape") else value
+        return as_tuple(getattr(obj, name))  # (shapes as tuples; a dtype as it is)
 
     # --- raw instances
-    @abc.abstractmethod
     def arguments_of(self, obj: Any) -> dict[str, Any]:
-        """Constructor arguments recovered from an instance, or `TypeError`."""
+        """Constructor arguments recovered from an instance, or `TypeError`: by
+        default each parameter's `argument` (a required one must be found)."""
+        arguments = {}
+        for name, p in self.signature(type(obj)).parameters.items():
+            if (value := self.argument(obj, name, p)) is not _MISSING:
+                arguments[name] = value
+            elif p.default is p.empty and p.kind not in _VARIADIC:
+                raise TypeError(f"cannot recover the argument `{name}`")
+        return arguments
+
+    def argument(self, obj: Any, name: str, p: inspect.Parameter) -> Any:
+        """The constructor argument `name` (parameter `p`) as `obj` keeps it, or
+        `_MISSING`; `TypeError` if it cannot be recovered at all."""
+        return _MISSING
 
     @abc.abstractmethod
     def event_ndims_in(self, obj: Any) -> int | None:
@@ -157,33 +168,25 @@ class _Distrax(Family):
         return distrax.Distribution, distrax.Bijector
 
     def static_floats(self, cls: type) -> frozenset[str]:
-        if issubclass(cls, distrax.RationalQuadraticSpline):
-            # Compared with each other in Python when the spline is built.
-            return frozenset({"range_min", "range_max", "min_bin_size"})
-        return frozenset()
+        # A spline's bounds are compared with each other in Python when it is built.
+        spline = issubclass(cls, distrax.RationalQuadraticSpline)
+        return frozenset({"range_min", "range_max", "min_bin_size"} if spline else ())
 
     def check_built(self, obj: Any) -> None:
         if isinstance(obj, distrax.Distribution):  # broadcasts lazily
             _ = (obj.batch_shape, obj.event_shape)
 
-    def arguments_of(self, obj: Any) -> dict[str, Any]:
-        cls = type(obj)
-        arguments = {}
-        for name, p in self.signature(cls).parameters.items():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                raise TypeError(f"{name}: variadic constructor")
-            # The private attribute first: public properties often broadcast.
-            for attr in (f"_{name}", name):
-                if attr in vars(obj) or hasattr(type(obj), attr):
-                    try:
-                        arguments[name] = getattr(obj, attr)
-                    except Exception:  # noqa: BLE001 - a property that cannot
-                        continue  # be computed: try the next spelling
-                    break
-            else:
-                if p.default is p.empty:
-                    raise TypeError(f"cannot recover the argument `{name}`")
-        return arguments
+    def argument(self, obj: Any, name: str, p: inspect.Parameter) -> Any:
+        if p.kind in _VARIADIC:
+            raise TypeError(f"{name}: variadic constructor")
+        # The private attribute first: public properties often broadcast.
+        for attr in (f"_{name}", name):
+            if attr in vars(obj) or hasattr(type(obj), attr):
+                try:
+                    return getattr(obj, attr)
+                except Exception:  # noqa: BLE001 - a property that cannot
+                    continue  # be computed: try the next spelling
+        return _MISSING
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(getattr(obj, "event_ndims_in", None))
@@ -206,17 +209,12 @@ class _TFP(Family):
         `tfd.Normal(jnp.array(0), jnp.array(1)).log_prob(0.5)` computes in integers
         (and returns -0.125). Python ints are fine: TFP makes them floats itself.
         """
-        continuous = _continuous_parameters(cls)
-        floats = [
-            v.dtype
-            for v in jtu.tree_leaves(arguments)
-            if eqx.is_array(v) and jnp.issubdtype(v.dtype, jnp.floating)
-        ]
+        of = lambda v, kind: eqx.is_array(v) and jnp.issubdtype(v.dtype, kind)
+        floats = [v.dtype for v in jtu.tree_leaves(arguments) if of(v, jnp.floating)]
         dtype = jnp.result_type(*floats) if floats else jnp.result_type(float)
         out = dict(arguments)
-        for name in continuous & set(arguments):
-            value = arguments[name]
-            if eqx.is_array(value) and not jnp.issubdtype(value.dtype, jnp.inexact):
+        for name in _continuous_parameters(cls) & set(arguments):
+            if eqx.is_array(value := arguments[name]) and not of(value, jnp.inexact):
                 out[name] = jnp.asarray(value, dtype)
         return out
 
@@ -277,9 +275,8 @@ class _Numpyro(Family):
 
     def static_floats(self, cls: type) -> frozenset[str]:
         dct = getattr(require_numpyro().transforms, "DiscreteCosineTransform", ())
-        if issubclass(cls, dct):  # (numpyro >= 0.22)
-            return frozenset({"smooth"})  # `float(smooth)` when built
-        return frozenset()
+        # (numpyro >= 0.22: `float(smooth)` when built.)
+        return frozenset({"smooth"} if issubclass(cls, dct) else ())
 
     def abstract_reason(self, cls: type) -> str | None:
         transforms = require_numpyro().transforms
@@ -294,27 +291,17 @@ class _Numpyro(Family):
 
     def get(self, obj: Any, name: str) -> Any:
         if name == "dtype":
-            key = jax.random.PRNGKey(0)
-            return jax.eval_shape(lambda: obj.sample(key)).dtype
+            return jax.eval_shape(lambda: obj.sample(jax.random.PRNGKey(0))).dtype
         return super().get(obj, name)
 
-    def arguments_of(self, obj: Any) -> dict[str, Any]:
-        cls = type(obj)
-        arguments = {}
-        for name, p in self.signature(cls).parameters.items():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                continue  # parameter-free transforms: `(*args, **kwargs)`
-            if name == "validate_args":
-                continue
-            if name in vars(obj):
-                arguments[name] = vars(obj)[name]
-            elif f"_{name}" in vars(obj):  # e.g. MixtureSameFamily's
-                arguments[name] = vars(obj)[f"_{name}"]
-            elif name == "base_distribution" and "base_dist" in vars(obj):
-                arguments[name] = obj.base_dist
-            elif p.default is p.empty:
-                raise TypeError(f"cannot recover the argument `{name}`")
-        return arguments
+    def argument(self, obj: Any, name: str, p: inspect.Parameter) -> Any:
+        # (Parameter-free transforms take `(*args, **kwargs)`: skipped.)
+        if p.kind in _VARIADIC or name == "validate_args":
+            return _MISSING
+        # `_name`: e.g. MixtureSameFamily's; `base_dist`: TransformedDistribution's.
+        alias = "base_dist" if name == "base_distribution" else name
+        found = [vars(obj)[a] for a in (name, f"_{name}", alias) if a in vars(obj)]
+        return found[0] if found else _MISSING
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(getattr(getattr(obj, "domain", None), "event_dim", None))
@@ -324,9 +311,8 @@ def _np_mode(d: Any) -> Any:
     try:
         return d.mode
     except AttributeError:  # numpyro < 0.22 lacks the property altogether
-        raise NotImplementedError(
-            f"numpyro.{type(d).__name__} does not implement `mode`."
-        ) from None
+        message = f"numpyro.{type(d).__name__} does not implement `mode`."
+        raise NotImplementedError(message) from None
 
 
 def _np_sample(
@@ -375,23 +361,20 @@ _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
     "inverse_and_log_det": lambda t, y: (x := t.inv(y), -t.log_abs_det_jacobian(x, y)),
 }
 
-DISTRAX, TFP, NUMPYRO = _Distrax(), _TFP(), _Numpyro()
-_FAMILIES: tuple[Family, ...] = (DISTRAX, TFP, NUMPYRO)
+_FAMILIES = DISTRAX, TFP, NUMPYRO = _Distrax(), _TFP(), _Numpyro()
 
 
 def family_of(cls: Any) -> Family | None:
     """The adapter of a distribution or bijector class, or `None`."""
-    if not isinstance(cls, type):
-        return None
-    return next((family for family in _FAMILIES if family.owns(cls)), None)
+    families = _FAMILIES if isinstance(cls, type) else ()
+    return next((family for family in families if family.owns(cls)), None)
 
 
 def family_of_instance(x: Any) -> Family | None:
     """The adapter of a raw distribution or bijector instance, or `None`."""
     cls = type(x)  # numpyro's objects exist only once it is loaded: import nothing
-    if cls.__module__.startswith("numpyro.") and not sys.modules.get(
-        "numpyro.distributions"
-    ):
+    numpyro = cls.__module__.startswith("numpyro.")
+    if numpyro and not sys.modules.get("numpyro.distributions"):
         return None
     return family_of(cls)
 

@@ -25,7 +25,7 @@ import functools
 import inspect
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -42,7 +42,6 @@ from ._families import Family, family_of, family_of_instance, is_raw
 from ._node import resolve
 
 
-tfd = tfp.distributions
 tfb = tfp.bijectors
 
 
@@ -59,6 +58,10 @@ def _family(cls: type) -> Family:
     family = family_of(cls)
     assert family is not None
     return family
+
+
+def _qualname(cls: type) -> str:
+    return _family(cls).qualname(cls)
 
 
 def float_key(value: Any) -> Any:
@@ -116,13 +119,11 @@ class _Static(Const):
 
     __slots__ = ("names", "dynamic", "static")
 
-    def __init__(
-        self, names: tuple[str, ...], static: tuple[tuple[str, Any], ...]
-    ) -> None:
-        super().__init__(static, (names, float_key(static)))
-        self.names, self.static = names, static
-        static_names = {n for n, _ in static}
-        self.dynamic = tuple(n for n in names if n not in static_names)
+    def __init__(self, arguments: Mapping[str, Any], dynamic: Container[str]) -> None:
+        self.names = tuple(arguments)
+        self.dynamic = tuple(n for n in arguments if n in dynamic)
+        self.static = tuple((n, v) for n, v in arguments.items() if n not in dynamic)
+        super().__init__(self.static, (self.names, float_key(self.static)))
 
     def __repr__(self) -> str:
         return f"_Static({', '.join(f'{n}={v!r}' for n, v in self.static)})"
@@ -130,65 +131,55 @@ class _Static(Const):
 
 def _check_class(cls: Any) -> Family:
     family = family_of(cls)
-    if family is None:
-        if is_raw(cls):
-            kind = f"an instance of {type(cls).__name__}"
-        elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
-            kind = (
-                f"{cls!r}, a numpyro factory function rather than a class (use the "
-                "class it returns, e.g. `numpyro.distributions.CategoricalLogits` "
-                "for `Categorical(logits=...)`)"
-            )
-        else:
-            kind = repr(cls)
-        raise TypeError(
-            "FixedDistrax expects a distrax, TFP-JAX or numpyro distribution or "
-            f"bijector class as its first argument, got {kind}. Pass the class and "
-            "its constructor arguments, e.g. `FixedDistrax(distrax.Normal, loc, "
-            "scale)`."
+    if family is not None:
+        if reason := family.abstract_reason(cls):
+            raise TypeError(f"FixedDistrax({cls.__name__}): {_qualname(cls)} {reason}.")
+        return family
+    kind = repr(cls)
+    if is_raw(cls):
+        kind = f"an instance of {type(cls).__name__}"
+    elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
+        kind += (
+            ", a numpyro factory function, not a class (use the class it returns, e.g. "
+            "`numpyro.distributions.CategoricalLogits` for `Categorical(logits=...)`)"
         )
-    reason = family.abstract_reason(cls)
-    if reason is not None:
-        raise TypeError(
-            f"FixedDistrax({cls.__name__}): {family.qualname(cls)} {reason}."
-        )
-    return family
+    raise TypeError(
+        "FixedDistrax expects a distrax, TFP-JAX or numpyro distribution or bijector "
+        f"class as its first argument, got {kind}. Pass the class and its "
+        "arguments: `FixedDistrax(distrax.Normal, loc, scale)`."
+    )
 
 
-def _bind(family: Family, cls: type, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The constructor arguments by name, as `inspect.Signature.bind` finds them."""
+def _bind(
+    cls: Any, args: tuple, kwargs: dict, spec: dict | None = None
+) -> tuple[Family, dict[str, Any]]:
+    """The family of `cls` and its constructor arguments by name, as
+    `inspect.Signature.bind` finds them (`bind_partial` for a `spec`, given its
+    static arguments). An unknown keyword is named first, before `bind` would
+    report a missing argument instead."""
+    family = _check_class(cls)
     signature = family.signature(cls)
-    _check_keywords(family, cls, signature, kwargs)
+    parameters = signature.parameters.values()
+    named = [p.name for p in parameters if p.kind in _KEYWORD]
+    unknown = [n for n in [*kwargs, *(spec or {})] if n not in named]
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        raise TypeError(
+            f"FixedDistrax({cls.__name__}): got an unexpected keyword argument "
+            f"{unknown[0]!r}; {_qualname(cls)} takes {', '.join(named) or 'none'}."
+        )
+    bind = signature.bind if spec is None else signature.bind_partial
     try:
-        return dict(signature.bind(*args, **kwargs).arguments)
+        return family, dict(bind(*args, **kwargs, **(spec or {})).arguments)
     except TypeError as e:
-        raise TypeError(f"FixedDistrax({cls.__name__}): {e}") from None
+        where = "" if spec is None else ".spec"
+        raise TypeError(f"FixedDistrax{where}({cls.__name__}): {e}") from None
 
 
-def _check_keywords(
-    family: Family, cls: type, signature: inspect.Signature, kwargs: Mapping
-) -> None:
-    """Name an unknown keyword before `bind` reports a missing argument instead."""
-    parameters = signature.parameters
-    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        return
-    named = [
-        n
-        for n, p in parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
-    for name in kwargs:
-        if name not in named:
-            raise TypeError(
-                f"FixedDistrax({cls.__name__}): got an unexpected keyword argument "
-                f"{name!r}; {family.qualname(cls)} takes {', '.join(named) or 'none'}."
-            )
-
-
+_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _PLAIN = frozenset({float, int, bool, str, type(None)})
 
 
-def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
+def _check_argument(cls: type, name: str, value: Any) -> None:
     """Reject constructor arguments that cannot live in a pytree."""
     if type(value) in _PLAIN:
         return
@@ -197,7 +188,7 @@ def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
         if _is_dynamic(leaf):
             continue
         if is_raw(leaf):  # so it has a family
-            qualname = _families.family_of_instance(leaf).qualname(type(leaf))  # pyright: ignore[reportOptionalMemberAccess]
+            qualname = _qualname(type(leaf))
             raise TypeError(
                 f"{where} is a raw {qualname} instance, whose arrays would be hidden "
                 f"from JAX. Wrap it too: `FixedDistrax({qualname}, ...)`."
@@ -207,8 +198,7 @@ def _check_argument(family: Family, cls: type, name: str, value: Any) -> None:
         except TypeError:
             raise TypeError(
                 f"{where} of type {type(leaf).__name__} is neither an array nor "
-                "hashable, so it can be neither a leaf nor static. Pass it as a "
-                "JAX/NumPy array, or as a hashable value."
+                "hashable (neither leaf nor static): pass an array or a hashable value."
             ) from None
 
 
@@ -217,15 +207,10 @@ def _floats_to_arrays(arguments: dict[str, Any], keep: frozenset) -> dict[str, A
     float dtype (float32 unless x64 is on), not weakly typed; concrete ones, also
     when the wrapper is built under a trace (as the float was)."""
     dtype = jax.dtypes.canonicalize_dtype(np.float64)
+    to_array = lambda x: jnp.asarray(x, dtype) if type(x) is float else x  # noqa: E731
     with jax.ensure_compile_time_eval():
         return {
-            n: v
-            if n in keep
-            else jtu.tree_map(
-                lambda x: jnp.asarray(x, dtype) if type(x) is float else x,
-                v,
-                is_leaf=_is_dynamic,
-            )
+            n: v if n in keep else jtu.tree_map(to_array, v, is_leaf=_is_dynamic)
             for n, v in arguments.items()
         }
 
@@ -257,7 +242,6 @@ def _subclass(dynamic: tuple[str, ...]) -> type:
             namespace = {
                 "__annotations__": dict.fromkeys(dynamic, Any),
                 "__module__": __name__,
-                "__qualname__": "FixedDistrax",
                 "__doc__": FixedDistrax.__doc__,
             }
             metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads it
@@ -316,9 +300,8 @@ class _Property(property):
     """A forwarded property (named by its attribute): instantiate, then read it."""
 
     def __init__(self, distribution: bool, doc: str):
-        super().__init__(
-            lambda wrapper: _get(wrapper, distribution, self.name), doc=doc
-        )
+        getter = lambda wrapper: _get(wrapper, distribution, self.name)  # noqa: E731
+        super().__init__(getter, doc=doc)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -399,10 +382,9 @@ class FixedDistrax(eqx.Module):
     _static: _Static = eqx.field(static=True)
 
     def __init__(self, cls: type, *args: Any, **kwargs: Any):
-        family = _check_class(cls)
-        arguments = _bind(family, cls, args, kwargs)
+        family, arguments = _bind(cls, args, kwargs)
         for name, value in arguments.items():
-            _check_argument(family, cls, name, value)
+            _check_argument(cls, name, value)
         arguments = _floats_to_arrays(arguments, family.static_floats(cls))
         arguments = family.prepare(cls, arguments)
         hide = lambda x: x if _is_dynamic(x) else Const(x)  # noqa: E731
@@ -413,27 +395,18 @@ class FixedDistrax(eqx.Module):
         }
         for name in _RESERVED.intersection(dynamic):
             raise TypeError(
-                f"FixedDistrax({cls.__name__}): the array argument `{name}` has "
-                "the name of a FixedDistrax attribute, so it cannot be a field. "
-                "Please report this at the eqxprob issue tracker."
+                f"FixedDistrax({cls.__name__}): the array argument `{name}` is named "
+                "like a FixedDistrax attribute; please report this to eqxprob."
             )
-        static = _Static(
-            tuple(arguments),
-            tuple((n, v) for n, v in arguments.items() if n not in dynamic),
-        )
-        _make(cls, static, dynamic, self)
+        _make(cls, _Static(arguments, dynamic), dynamic, self)
         try:
             family.check_built(_build(resolve(self), False))
         except Exception as e:
-            message = (
-                f"FixedDistrax({cls.__name__}): {family.qualname(cls)} rejected the "
-                f"arguments ({', '.join(_items(self.arguments))}): {e}"
-            )
+            message = _failed(self, "rejected the arguments", e)
             if any(v is None or type(v) is int for v in arguments.values()):
                 message += (
-                    " (If this is meant as a prefix tree such as `jax.vmap`'s "
-                    f"`in_axes`, build it with `FixedDistrax.spec({cls.__name__}, "
-                    "...)`, which does not call the class.)"
+                    " (A prefix tree such as `jax.vmap`'s `in_axes` is built with "
+                    f"`FixedDistrax.spec({cls.__name__}, ...)`, which calls no class.)"
                 )
             error = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
             raise error(message) from e
@@ -482,19 +455,9 @@ class FixedDistrax(eqx.Module):
         assert values.shape == (3,)
         ```
         """
-        family = _check_class(cls)
-        signature = family.signature(cls)
         static_arguments = dict(static_arguments or {})
-        _check_keywords(family, cls, signature, {**kwargs, **static_arguments})
-        try:
-            bound = signature.bind_partial(*args, **kwargs, **static_arguments)
-        except TypeError as e:
-            raise TypeError(f"FixedDistrax.spec({cls.__name__}): {e}") from None
-        arguments = dict(bound.arguments)
-        static = _Static(
-            tuple(arguments),
-            tuple((n, v) for n, v in arguments.items() if n in static_arguments),
-        )
+        arguments = _bind(cls, args, kwargs, static_arguments)[1]
+        static = _Static(arguments, set(arguments) - set(static_arguments))
         return _make(cls, static, {n: arguments[n] for n in static.dynamic})
 
     @classmethod
@@ -534,11 +497,8 @@ class FixedDistrax(eqx.Module):
             )
         wrapped = _rebuilt(family, obj)
         if family is not _families.TFP and not _faithful(family, obj, wrapped):
-            qualname = family.qualname(type(obj))
-            raise TypeError(
-                f"Cannot rebuild the raw {qualname} faithfully from its attributes "
-                f"(the rebuilt object holds different arrays). {_rebuild_fix(obj)}"
-            )
+            why = " faithfully (the rebuilt object holds different arrays)"
+            raise _cannot_rebuild(obj, why)
         return wrapped
 
     # --- constructor arguments ---------------------------------------------
@@ -546,11 +506,9 @@ class FixedDistrax(eqx.Module):
     @property
     def arguments(self) -> dict[str, Any]:
         """The constructor arguments by parameter name (nested wrappers kept)."""
-        static = self._static
-        values = dict(static.static)
-        for name in static.dynamic:
-            values[name] = _show(self.__dict__[name])
-        return {name: values[name] for name in static.names}
+        shown = {name: _show(value) for name, value in _fields(self).items()}
+        values = {**dict(self._static.static), **shown}
+        return {name: values[name] for name in self._static.names}
 
     def instantiate(self) -> Any:
         """Build the underlying distrax/TFP/numpyro object, unwrapping nested wrappers.
@@ -571,12 +529,10 @@ class FixedDistrax(eqx.Module):
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails: first the static constructor
         # arguments, then the built object.
-        if name.startswith("__") or name in ("cls", "_static"):
+        static = self.__dict__.get("_static")
+        if name.startswith("__") or name in ("cls", "_static") or static is None:
             raise AttributeError(name)
-        d = self.__dict__
-        if "_static" not in d:
-            raise AttributeError(name)
-        for arg, value in d["_static"].static:
+        for arg, value in static.static:
             if arg == name:
                 if _probed_by_tree_at(self):
                     raise TypeError(_static_message(self, name, value))
@@ -593,16 +549,13 @@ class FixedDistrax(eqx.Module):
         try:
             getitem = _fall_through(self, "__getitem__")
         except AttributeError:
-            qualname = _family(self.cls).qualname(self.cls)
-            raise TypeError(
-                f"FixedDistrax({qualname}): {qualname} cannot be sliced."
-            ) from None
+            name = _qualname(self.cls)
+            raise TypeError(f"FixedDistrax({name}): {name} cannot be sliced.") from None
         return getitem(index)
 
     def __repr__(self) -> str:
-        return (
-            f"FixedDistrax({', '.join([self.cls.__name__, *_items(self.arguments)])})"
-        )
+        items = ", ".join([self.cls.__name__, *_items(self.arguments)])
+        return f"FixedDistrax({items})"
 
     def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc:
         """`Normal(loc=f32[3], scale=f32[3])` inside `eqx.tree_pformat` & co."""
@@ -620,15 +573,11 @@ class FixedDistrax(eqx.Module):
         from treescope import repr_lib
 
         return repr_lib.render_object_constructor(
-            object_type=self.cls,
-            attributes=self.arguments,
-            path=path,
-            subtree_renderer=subtree_renderer,
+            self.cls, self.arguments, path, subtree_renderer
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        dynamic = {n: self.__dict__[n] for n in self._static.dynamic}
-        return _make, (self.cls, self._static, dynamic)
+        return _make, (self.cls, self._static, _fields(self))
 
     @property
     def is_distribution(self) -> bool:
@@ -681,26 +630,28 @@ def _probed_by_tree_at(wrapper: FixedDistrax) -> bool:
 
 
 def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:
-    qualname = _family(wrapper.cls).qualname(wrapper.cls)
+    qualname = _qualname(wrapper.cls)
     why, fix = f"a static Python float ({qualname} branches on it)", "."
     if type(value) is not float:
         why = f"static (a {type(value).__name__}, part of the structure)"
         fix = ", or pass an array (`jnp.asarray(...)`) if it is a parameter."
     return (
         f"FixedDistrax({wrapper.cls.__name__}): the argument `{name}` = {value!r} is "
-        f"{why}, not a leaf, so `eqx.tree_at` cannot replace it. Build a new wrapper "
-        f"with the new value{fix}"
+        f"{why}, not a leaf: `eqx.tree_at` cannot replace it. Build a new wrapper{fix}"
     )
+
+
+def _fields(wrapper: FixedDistrax) -> dict[str, Any]:
+    """The dynamic fields of `wrapper`, by name, as stored."""
+    return {name: wrapper.__dict__[name] for name in wrapper._static.dynamic}
 
 
 def _caches(wrapper: FixedDistrax) -> bool:
     """Whether `wrapper` builds any object of a family that caches by identity."""
-    inner = jtu.tree_leaves(
-        wrapper, is_leaf=lambda x: x is not wrapper and _is_wrapper(x)
-    )
-    return _family(wrapper.cls).caches_by_identity or any(
-        _caches(w) for w in inner if _is_wrapper(w)
-    )
+    if _family(wrapper.cls).caches_by_identity:
+        return True
+    nested = jtu.tree_leaves(_fields(wrapper), is_leaf=_is_wrapper)
+    return any(_caches(w) for w in nested if _is_wrapper(w))
 
 
 def _build(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
@@ -725,14 +676,17 @@ def _built(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
     try:
         return _build(wrapper, fresh_arrays)
     except (TypeError, ValueError) as e:
-        qualname = _family(wrapper.cls).qualname(wrapper.cls)
-        message = (
-            f"FixedDistrax({wrapper.cls.__name__}): {qualname} cannot be built from "
-            f"its arguments ({', '.join(_items(wrapper.arguments))}): {e}. A field "
-            "replaced after construction (`eqx.tree_at`) must keep a shape and dtype "
-            "the class accepts."
+        message = _failed(wrapper, "cannot be built from its arguments", e) + (
+            ". A field replaced by `eqx.tree_at` needs a shape and dtype it accepts."
         )
         raise (TypeError if isinstance(e, TypeError) else ValueError)(message) from e
+
+
+def _failed(wrapper: FixedDistrax, what: str, e: Exception) -> str:
+    """The message of `e`, raised building `wrapper`: its class and arguments."""
+    items = ", ".join(_items(wrapper.arguments))
+    name, qualname = wrapper.cls.__name__, _qualname(wrapper.cls)
+    return f"FixedDistrax({name}): {qualname} {what} ({items}): {e}"
 
 
 def _check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
@@ -740,19 +694,17 @@ def _check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
     ours = _family(wrapper.cls)
     cls = other.cls if _is_wrapper(other) else type(other)
     theirs = family_of(cls) if _is_wrapper(other) else family_of_instance(other)
-    if theirs in (None, ours) or _families.NUMPYRO not in (ours, theirs):
-        return
-    raise TypeError(
-        f"FixedDistrax({wrapper.cls.__name__}).{method}: the other distribution is "
-        f"a {theirs.qualname(cls)} and this one a {ours.qualname(wrapper.cls)}; "  # pyright: ignore[reportOptionalMemberAccess]
-        "numpyro's KL registry and distrax/TFP's do not know each other's classes. "
-        "Wrap both from one library (e.g. `ep.FixedDistrax(distrax.Normal, ...)` "
-        "for both), or write the KL from their parameters."
-    )
+    if theirs not in (None, ours) and _families.NUMPYRO in (ours, theirs):
+        raise TypeError(
+            f"FixedDistrax({wrapper.cls.__name__}).{method}: the other distribution "
+            f"is a {theirs.qualname(cls)} and this one a {ours.qualname(wrapper.cls)}; "  # pyright: ignore[reportOptionalMemberAccess]
+            "numpyro's KL registry and distrax/TFP's do not know each other's "
+            "classes. Wrap both from one library or write the KL from their parameters."
+        )
 
 
 def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
-    if _family(wrapper.cls).is_distribution_class(wrapper.cls) != distribution:
+    if wrapper.is_distribution != distribution:
         kind, other = ["distribution", "bijector"][:: 1 if distribution else -1]
         raise TypeError(
             f"FixedDistrax({wrapper.cls.__name__}) wraps a {other}; `{method}` is "
@@ -781,21 +733,14 @@ def _call_through(method: Any, fresh_arrays: bool, *args: Any, **kwargs: Any) ->
         args, kwargs = _families.fresh((args, kwargs))
     out = method(*args, **kwargs)
     with contextlib.suppress(TypeError):  # (returned raw if it cannot be rebuilt)
-        return FixedDistrax.from_instance(out) if is_raw(out) else out
+        return _wrap_raw(out)
     return out
 
 
 def _format(value: Any) -> str:
-    class _Raw:
-        def __init__(self, text: str):
-            self.text = text
-
-        def __repr__(self) -> str:
-            return self.text
-
-    value = jtu.tree_map(
-        lambda x: _Raw(repr(x)) if _is_wrapper(x) else x, value, is_leaf=_is_wrapper
-    )
+    """`value` as text: arrays as `f32[3]`, nested wrappers by their `repr`."""
+    as_repr = lambda x: wl.TextDoc(repr(x)) if _is_wrapper(x) else x  # noqa: E731
+    value = jtu.tree_map(as_repr, value, is_leaf=_is_wrapper)
     return eqx.tree_pformat(value, short_arrays=True, width=10_000)
 
 
@@ -804,37 +749,33 @@ def _items(arguments: Mapping[str, Any]) -> list[str]:
     return [f"{name}={_format(value)}" for name, value in arguments.items()]
 
 
-def _rebuild_fix(obj: Any) -> str:
-    qualname = family_of_instance(obj).qualname(type(obj))  # pyright: ignore[reportOptionalMemberAccess]
-    return f"Wrap it yourself: `ep.FixedDistrax({qualname}, ...)` with its arguments."
+def _wrap_raw(x: Any) -> Any:
+    return FixedDistrax.from_instance(x) if is_raw(x) else x
+
+
+def _cannot_rebuild(obj: Any, why: str) -> TypeError:
+    qualname = _qualname(type(obj))
+    return TypeError(
+        f"Cannot rebuild the raw {qualname} from its attributes{why}. Wrap it "
+        f"yourself: `ep.FixedDistrax({qualname}, ...)` with its arguments."
+    )
 
 
 def _rebuilt(family: Family, obj: Any, checks: bool = True) -> FixedDistrax:
     """`obj` rebuilt as a wrapper from its attributes (nested raw objects too),
     not yet compared with it; without the class's value `checks` if it takes
     `validate_args` (numpyro)."""
-    qualname = family.qualname(type(obj))
     try:
         arguments = family.arguments_of(obj)
     except TypeError as e:
-        raise TypeError(
-            f"Cannot rebuild the raw {qualname} from its attributes ({e}). "
-            f"{_rebuild_fix(obj)}"
-        ) from None
-    arguments = jtu.tree_map(
-        lambda x: FixedDistrax.from_instance(x) if is_raw(x) else x,
-        arguments,
-        is_leaf=is_raw,
-    )
+        raise _cannot_rebuild(obj, f" ({e})") from None
+    arguments = jtu.tree_map(_wrap_raw, arguments, is_leaf=is_raw)
     try:
         if not checks and "validate_args" in family.signature(type(obj)).parameters:
             arguments["validate_args"] = False
         return FixedDistrax(type(obj), **arguments)
     except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"Cannot rebuild the raw {qualname} from its attributes: {e}. "
-            f"{_rebuild_fix(obj)}"
-        ) from None
+        raise _cannot_rebuild(obj, f": {e}") from None
 
 
 def _faithful(family: Family, obj: Any, wrapped: FixedDistrax) -> bool:
@@ -870,9 +811,8 @@ def _leaves_match(a: Any, b: Any) -> bool:
     def same(x: Any, y: Any) -> bool:
         if not (eqx.is_array_like(x) and eqx.is_array_like(y)):
             return x is y or x == y
-        if jnp.shape(x) != jnp.shape(y) or jnp.result_type(x) != jnp.result_type(y):
-            return False
-        return np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+        alike = (jnp.shape(x), jnp.result_type(x)) == (jnp.shape(y), jnp.result_type(y))
+        return alike and np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
 
     la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
     return len(la) == len(lb) and all(map(same, la, lb))

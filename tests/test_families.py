@@ -93,7 +93,7 @@ def test_pin_distrax_private_argument_attributes():
     b = distrax.ScalarAffine(jnp.array(1.0), jnp.array(2.0))
     assert "_shift" in vars(b) or hasattr(b, "shift"), (
         "distrax.ScalarAffine no longer stores `shift`: update "
-        "eqxprob/_families.py:_Distrax.arguments_of."
+        "eqxprob/_families.py:_Distrax.argument."
     )
     assert isinstance(vars(distrax.Normal(0.0, 1.0))["_loc"], jax.Array)
 
