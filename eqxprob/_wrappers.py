@@ -176,13 +176,10 @@ def _bind(
 
 
 _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-_PLAIN = frozenset({float, int, bool, str, type(None)})
 
 
 def _check_argument(cls: type, name: str, value: Any) -> None:
     """Reject constructor arguments that cannot live in a pytree."""
-    if type(value) in _PLAIN:
-        return
     where = f"FixedDistrax({cls.__name__}): argument `{name}`"
     for leaf in jtu.tree_leaves(value, is_leaf=lambda x: _is_dynamic(x) or is_raw(x)):
         if _is_dynamic(leaf):
