@@ -224,6 +224,15 @@ def entries(
     An override selecting a node is merged over the spec of every item below it,
     deeper ones last."""
     pairs, treedef = jtu.tree_flatten_with_path(model, is_leaf=is_item)
+    for path, x in pairs:
+        fields = getattr(type(x), "__dataclass_fields__", {}).values()
+        if any(_METADATA_KEY in f.metadata for f in fields):
+            name = type(x).__name__
+            raise TypeError(
+                f"`{label_of(path)}` is a {name}, a dataclass that JAX sees as one "
+                "leaf, so its `ep.field` metadata is never read. Make it an Equinox "
+                f"module: `class {name}(eqx.Module)`."
+            )
     paths = [path for path, _ in pairs]
     specs = _metadata_specs(model, paths)
     found: dict[tuple, tuple[str, ParamSpec]] = {}
@@ -274,19 +283,26 @@ def is_parameter_leaf(
     that cannot carry it (an integer array, a Python number)."""
     if spec is None or not spec.annotated:
         return False
+    check_trained(label, leaf, "a constraint or bijector")
+    return True
+
+
+def check_trained(label: str, leaf: Any, what: str) -> None:
+    """A `TypeError` if `leaf`, annotated with `what`, is not a real float array:
+    it would never be trained."""
     if eqx.is_inexact_array(leaf):
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
             raise TypeError(
                 f"Parameter `{label}` is complex ({leaf.dtype}); it must be real."
             )
-        return True
+        return
     kind = f"a Python {type(leaf).__name__}"
     if eqx.is_array(leaf):
         kind = f"an array of dtype {leaf.dtype}"
     raise TypeError(
-        f"Parameter `{label}` has a constraint or bijector but is {kind}, which is "
-        "never trained (Python numbers are static, integer arrays have no gradient). "
-        f"Pass a float array: `jnp.asarray({label}, float)`, or drop its annotation."
+        f"Parameter `{label}` has {what} but is {kind}, which is never trained "
+        "(Python numbers are static, integer arrays have no gradient). Pass a "
+        f"float array: `jnp.asarray({label}, float)`, or drop its annotation."
     )
 
 

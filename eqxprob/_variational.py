@@ -298,6 +298,8 @@ def guide(
     for index, ((path, spec, item), value) in enumerate(zip(items, raw_items)):
         label = _metadata.label_of(path)
         prior = None if spec is None or not spec.is_trainable else spec.prior
+        if prior is not None and not _parameter.is_node(item):
+            _metadata.check_trained(label, item, "a prior")
         if prior is not None and eqx.is_inexact_array(item):  # a random parameter
             value = jnp.asarray(value)
             start = sum(piece.size for piece in pieces)

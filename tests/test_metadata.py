@@ -1,5 +1,7 @@
 """The parameter-metadata registry, against hand-written references."""
 
+from typing import Any
+
 import distrax
 import equinox as eqx
 import jax
@@ -799,3 +801,32 @@ def test_a_structure_seen_before_is_labelled_with_this_models_dict_keys():
 def test_a_shortcut_given_as_a_constraint_names_the_constraint(shortcut, constraint):
     with pytest.raises(TypeError, match=rf"`ep.constraints.{constraint}"):
         ep.field(constraint=shortcut)
+
+
+def test_ep_field_on_a_plain_dataclass_is_an_error_naming_it_and_the_fix():
+    """A plain dataclass is one leaf to JAX: its `ep.field` metadata would be
+    silently ignored (no constraint, no prior)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Kernel:
+        lengthscale: Any = ep.field(constraint=ep.constraints.positive)
+
+    class Model(eqx.Module):
+        kernel: Any
+        noise: jax.Array = ep.field(constraint=ep.constraints.positive)
+
+    model = Model(Kernel(jnp.array(1.0)), jnp.array(0.1))
+    calls = [ep.parameterize, ep.spec_tree, ep.unconstrain, ep.log_prior, ep.summary]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"`kernel` is a Kernel, a dataclass.*eqx"):
+            call(model)
+    with pytest.raises(TypeError, match=r"`\(root\)` is a Kernel"):
+        ep.parameterize(Kernel(jnp.array(1.0)))
+    # The same field on an Equinox module: read.
+
+    class ModuleKernel(eqx.Module):
+        lengthscale: Any = ep.field(constraint=ep.constraints.positive)
+
+    spec = ep.spec_tree(ModuleKernel(jnp.array(1.0))).lengthscale
+    assert spec.constraint is ep.constraints.positive

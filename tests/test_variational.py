@@ -370,3 +370,22 @@ def test_guide_checks_found_by_the_red_team():
         num_samples=np.int64(3),  # pyright: ignore[reportArgumentType]
     )
     assert np.isfinite(value)
+
+
+@pytest.mark.parametrize(
+    "value, kind",
+    [(jnp.array(3), "dtype int32"), (3.0, "Python float"), (True, "Python bool")],
+)
+def test_a_prior_on_a_leaf_that_is_never_trained_names_it_and_the_fix(value, kind):
+    """A prior on an integer array or a Python number: the guide would silently
+    hold it fixed (it is not trained), so it says which and how to fix it."""
+
+    class Model(eqx.Module):
+        w: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+        n: Any = ep.field(prior=distrax.Normal(0.0, 1.0))
+
+    with pytest.raises(TypeError, match=rf"`n` has a prior but is .*{kind}.*float"):
+        ep.guide(Model(jnp.zeros(2), value))
+    # Frozen on purpose, or a float array: accepted.
+    assert ep.guide(Model(jnp.zeros(2), ep.frozen(jnp.array(1.0)))).loc.shape == (2,)
+    assert ep.guide(Model(jnp.zeros(2), jnp.array(3.0))).loc.shape == (3,)
