@@ -305,11 +305,9 @@ def _arguments(
         leaves = jtu.tree_leaves(data)
         sizes = {x.shape[0] if eqx.is_array(x) and x.ndim else 0 for x in leaves}
         if len(sizes) != 1 or 0 in sizes:
-            raise ValueError(
-                "fit: `data` must be a PyTree of arrays with the same number of rows "
-                "(their leading axis, at least one row), got the shapes "
-                f"{[getattr(x, 'shape', type(x).__name__) for x in leaves]}."
-            )
+            shapes = [getattr(x, "shape", type(x).__name__) for x in leaves]
+            need = "the same number of rows (leading axis, at least one)"
+            raise ValueError(f"fit: `data` must be arrays with {need}, got {shapes}.")
         rows, data = sizes.pop(), jtu.tree_map(jnp.asarray, data)
         if batch_size is not None:
             of = f"the number of rows in `data` ({rows})"
@@ -346,11 +344,10 @@ def _check_model(model: PyTree) -> None:
     constrained fields holding raw arrays."""
     for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]:
         if is_raw(x) and getattr(family_of_instance(x), "name", None) != "numpyro":
+            name, at = type(x).__name__, jtu.keystr(path).lstrip(".") or "(root)"
             raise TypeError(
-                f"fit: the model holds a raw {type(x).__module__}.{type(x).__name__} "
-                f"at `{jtu.keystr(path).lstrip('.') or '(root)'}`; its pytree is not "
-                "one JAX can differentiate. Wrap it: `ep.FixedDistrax("
-                f"{type(x).__name__}, ...)` with the same arguments."
+                f"fit: the model holds a raw {name} at `{at}`, whose arrays JAX cannot "
+                f"differentiate. Wrap it: `ep.FixedDistrax({name}, ...)`."
             )
     labels = unparameterized(model)
     if labels:
@@ -435,10 +432,9 @@ def _resumed(state: FitState, fresh: PyTree) -> PyTree:
     aval = lambda x: (jnp.shape(x), jnp.result_type(x))  # noqa: E731
     if treedef != like_treedef or list(map(aval, opt)) != list(map(aval, like)):
         raise ValueError(
-            "fit: `state` does not match this model and optimiser (its "
-            "optimiser state has another structure, shape or dtype). Pass the "
-            "`FitState` of a fit of the same model with the same optimiser, or "
-            "`ep.FitState.init(model, optimiser)`."
+            "fit: `state` does not match this model and optimiser (another structure, "
+            "shape or dtype): pass `ep.FitState.init(model, optimiser)` or one a fit "
+            "of this model and optimiser returned."
         )
     step = state.step
     if (
@@ -677,11 +673,9 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress, block
         if not isinstance(e, KeyboardInterrupt) and "KeyboardInterrupt" not in str(e):
             if processes > 1:
                 raise RuntimeError(
-                    f"fit: process {jax.process_index()} of {processes} stopped "
-                    f"after {done} of {steps} steps: a step's communication with "
-                    "the other processes failed (one of them stopped or lost its "
-                    "connection; its own error says why). Resume all processes "
-                    "from a checkpoint (`return_state=True`, `state=`)."
+                    f"fit: process {jax.process_index()} of {processes} stopped after "
+                    f"{done} of {steps} steps: another process failed (its own error "
+                    "says why). Resume all from a checkpoint (`return_state=True`)."
                 ) from e
             raise
         warnings.warn(
