@@ -17,6 +17,7 @@ from jaxtyping import Array, ArrayLike, Bool, PyTree
 
 
 _PREFIX = "UpdateOnEvent: "
+_INFER = "calling the wrapped module on example_input to infer its output shape"
 BoolScalarLike = Bool[ArrayLike, ""]
 
 
@@ -166,10 +167,7 @@ class UpdateOnEvent(eqx.Module):
                 lambda m, x, s: _call(m, x, s)[0], module, example_input, inner_state
             )
         except Exception as e:
-            message = (
-                f"{_PREFIX}calling the wrapped module on example_input to infer its "
-                f"output shape failed: {e}"
-            )
+            message = f"{_PREFIX}{_INFER} failed: {e}"
             try:
                 error = type(e)(message)
             except Exception:
