@@ -70,24 +70,18 @@ def to_unconstrained(
     v, b = _errors.host(value), _errors.host(back)
     missed = _transforms.round_trip_error(transform, v, b)
     if missed is not None:
-        param = _errors.check(
-            param,
-            missed,
-            f"{name}: the value cannot be represented in {value.dtype} by {bijector}",
-            "Use a value further from the boundary, or float64.",
-            ("value", value),
-        )
+        what = f"{name} cannot be represented in {value.dtype} by {bijector}"
+        fix = "Use a value further from the boundary, or float64."
+        param = _errors.check(param, missed, what, fix, ("value", value))
     if constraint is None:
         return param
     shown = f"{name} = {_errors.short(value)}"
-    param = _errors.check(
-        param,
-        ~_constraint.holds(constraint, back),
+    what = (
         f"{name} cannot be represented through {bijector}: mapped back, it leaves "
-        f"{constraint!r} (a value too close to the boundary for the dtype)",
-        "Move the value further inside the support, or use float64.",
-        shown,
+        f"{constraint!r} (a value too close to the boundary for the dtype)"
     )
+    fix = "Move the value further inside the support, or use float64."
+    param = _errors.check(param, ~_constraint.holds(constraint, back), what, fix, shown)
     if near is None:
         return param
     return _check_range(param, near, transform, constraint, name, shown)
@@ -280,9 +274,6 @@ class Bijector(Node):
         return repr_lib.render_object_constructor(
             type(self), attributes, path=path, subtree_renderer=subtree_renderer
         )
-
-    def __repr__(self) -> str:
-        return eqx.tree_pformat(self)
 
 
 _UNRESOLVED = (
