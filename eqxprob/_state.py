@@ -158,9 +158,8 @@ class UpdateOnEvent(eqx.Module):
         except ValueError as e:
             raise ValueError(
                 f"{_PREFIX}could not build the wrapped module's state ({e}). Pass the "
-                "module as constructed (e.g. `MyModule()`), not the result of "
-                "`eqx.nn.make_with_state`, and wrap it with "
-                "`eqx.nn.make_with_state(UpdateOnEvent)(module, example_input)`."
+                "module as constructed, not the result of `eqx.nn.make_with_state`, "
+                "and wrap it: `eqx.nn.make_with_state(UpdateOnEvent)(module, x)`."
             ) from e
         try:
             struct = eqx.filter_eval_shape(
