@@ -70,9 +70,8 @@ class Constraint(abc.ABC):
 
     def _shape_error(self, shape: tuple[int, ...]) -> str | None:
         """Why an array of `shape` cannot be in the support at all, or `None`."""
-        if len(shape) < self.event_ndim:
-            return f"needs at least {self.event_ndim} dimension(s)"
-        return None
+        enough = len(shape) >= self.event_ndim
+        return None if enough else f"needs at least {self.event_ndim} dimension(s)"
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and _key(self) == _key(other)
@@ -294,9 +293,8 @@ class _Square(_BuiltIn):
     event_ndim = 2
 
     def _shape_error(self, shape):
-        if len(shape) < 2 or shape[-1] != shape[-2]:
-            return "needs square matrices, shape (..., n, n)"
-        return None
+        square = len(shape) >= 2 and shape[-1] == shape[-2]
+        return None if square else "needs square matrices, shape (..., n, n)"
 
 
 def _triangular(v: Array) -> Array:
