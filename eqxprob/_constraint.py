@@ -70,9 +70,8 @@ class Constraint(abc.ABC):
 
     def _shape_error(self, shape: tuple[int, ...]) -> str | None:
         """Why an array of `shape` cannot be in the support at all, or `None`."""
-        if len(shape) < self.event_ndim:
-            return f"needs at least {self.event_ndim} dimension(s)"
-        return None
+        enough = len(shape) >= self.event_ndim
+        return None if enough else f"needs at least {self.event_ndim} dimension(s)"
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and _key(self) == _key(other)
@@ -109,8 +108,7 @@ def validate(constraint: Constraint, value: Array, name: str) -> Array:
     if not _errors.broadcasts_to(np.shape(ok), batch):
         raise TypeError(
             f"{type(constraint).__name__}.check returned shape {np.shape(ok)} for a "
-            f"value of shape {shape}; it must return shape {batch}, one flag per "
-            f"event (event_ndim = {constraint.event_ndim})."
+            f"value of shape {shape}; it must return {batch}, one flag per event."
         )
     what = f"{name}: the value must lie in {constraint!r}"
     return _errors.check(value, ~ok, what, constraint.fix)
@@ -194,19 +192,14 @@ def _bounds(what: str, **bounds: Any) -> list[Any]:
             if np.iscomplexobj(a) or not np.issubdtype(a.dtype, np.number):
                 raise TypeError(f"{what}: `{name}` must be a real number, got {a!r}.")
             b: Any = a[()] if a.ndim == 0 else a
-        bad = ~(abs(_errors.host(b)) < np.inf)
-        out[name] = _errors.check(
-            b, bad, f"{what}: `{name}` must be finite", _ONE_SIDED, (name, b)
-        )
+        must = f"{what}: `{name}` must be finite"
+        out[name] = _errors.check_finite(b, must, _ONE_SIDED, (name, b))
     if len(out) == 2:
         low, high = out["low"], out["high"]
-        out["low"] = _errors.check(
-            low,
-            ~(_errors.host(low) < _errors.host(high)),
-            f"{what}: `low` must be smaller than `high`",
-            "Swap or fix the bounds.",
-            f"(low, high) = ({_errors.short(low)}, {_errors.short(high)})",
-        )
+        bad = ~(_errors.host(low) < _errors.host(high))
+        must = f"{what}: `low` must be smaller than `high`"
+        shown = f"(low, high) = ({_errors.short(low)}, {_errors.short(high)})"
+        out["low"] = _errors.check(low, bad, must, "Swap or fix the bounds.", shown)
     return list(out.values())
 
 
@@ -288,9 +281,7 @@ class Simplex(_BuiltIn):
         return positive & (jnp.abs(jnp.sum(v, axis=-1) - 1) <= _tolerance(v))
 
     def _shape_error(self, shape):
-        if len(shape) < 1 or shape[-1] < 1:
-            return "needs a last axis of size >= 1"
-        return None
+        return "needs a last axis of size >= 1" if not shape or shape[-1] < 1 else None
 
     def bijector(self) -> Any:
         return _transforms.SoftmaxCentered()
@@ -302,9 +293,8 @@ class _Square(_BuiltIn):
     event_ndim = 2
 
     def _shape_error(self, shape):
-        if len(shape) < 2 or shape[-1] != shape[-2]:
-            return "needs square matrices, shape (..., n, n)"
-        return None
+        square = len(shape) >= 2 and shape[-1] == shape[-2]
+        return None if square else "needs square matrices, shape (..., n, n)"
 
 
 def _triangular(v: Array) -> Array:
@@ -392,9 +382,8 @@ def interval(low: ArrayLike, high: ArrayLike) -> Constraint:
     """
 
     def infinite(x: Any, sign: int) -> bool:
-        if _errors.is_traced(x) or np.ndim(x) != 0:
-            return False
-        return bool(np.asarray(x) == sign * np.inf)
+        scalar = not _errors.is_traced(x) and np.ndim(x) == 0
+        return scalar and bool(np.asarray(x) == sign * np.inf)
 
     if infinite(low, -1):
         return real if infinite(high, 1) else LessThan(high)
@@ -444,8 +433,7 @@ def register_bijector(constraint_type: type) -> Callable[[Callable], Callable]:
         isinstance(constraint_type, type) and issubclass(constraint_type, Constraint)
     ):
         raise TypeError(
-            "register_bijector takes a subclass of `ep.constraints.Constraint`, got "
-            f"{constraint_type!r}."
+            f"register_bijector takes a `Constraint` subclass, got {constraint_type!r}."
         )
 
     def decorator(factory: Callable) -> Callable:
@@ -477,9 +465,8 @@ def default_bijector(constraint: Constraint) -> Any:
     bijector = factory(constraint)
     if bijector is None:
         raise TypeError(
-            f"No default bijector is registered for {constraint!r}: register one "
-            f"with `@ep.register_bijector({type(constraint).__name__})`, or pass "
-            "`bijector=`."
+            f"No default bijector is registered for {constraint!r}: register one with "
+            f"`@ep.register_bijector({type(constraint).__name__})` or pass `bijector=`."
         )
     return _transforms.as_transform(bijector, f"default_bijector({constraint!r})")
 
@@ -512,9 +499,6 @@ def _from_numpyro(c: Any) -> Constraint | None:
     if not type(c).__module__.startswith("numpyro"):
         return None
     name = _snake(type(c).__name__.lstrip("_"))
-    ours = (real, positive, nonnegative, simplex, lower_cholesky, corr_cholesky)
-    simple = {_snake(type(k).__name__): k for k in (*ours, positive_definite)}
-    simple = simple | {"unit_interval": unit_interval, "softplus_positive": positive}
     if name == "greater_than":
         return greater_than(c.lower_bound)
     if name == "greater_than_eq" and np.all(np.asarray(c.lower_bound) == 0):
@@ -523,4 +507,5 @@ def _from_numpyro(c: Any) -> Constraint | None:
         return less_than(c.upper_bound)
     if name in ("interval", "open_interval"):
         return interval(c.lower_bound, c.upper_bound)
-    return simple.get(name)
+    ours = globals().get("positive" if name == "softplus_positive" else name)
+    return ours if isinstance(ours, Constraint) else None  # `real`, `simplex`, ...

@@ -94,6 +94,11 @@ def check(x: Array, bad: Any, what: str, fix: str, shown: Any = None) -> Array:
     return x
 
 
+def check_finite(x: Array, what: str, fix: str, shown: Any = None) -> Array:
+    """`check` that `x` is finite (NaN and ±inf flagged)."""
+    return check(x, ~(abs(host(x)) < np.inf), what, fix, shown)
+
+
 def as_float(x: ArrayLike, name: str) -> Array:
     """A real floating-point array with a concrete (non-weak) dtype.
 

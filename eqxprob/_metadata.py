@@ -292,9 +292,7 @@ def check_trained(label: str, leaf: Any, what: str) -> None:
     it would never be trained."""
     if eqx.is_inexact_array(leaf):
         if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
-            raise TypeError(
-                f"Parameter `{label}` is complex ({leaf.dtype}); it must be real."
-            )
+            raise TypeError(f"Parameter `{label}` must be real, not {leaf.dtype}.")
         return
     kind = f"a Python {type(leaf).__name__}"
     if eqx.is_array(leaf):
@@ -658,8 +656,7 @@ def score_prior(label: str, prior: Any, value: Any) -> Array:
         # and the library is not asked (numpyro warns, TFP with validate_args
         # raises); only the shape of its answer is needed, for the check below.
         outside = ok is not None and not _errors.is_traced(ok) and not np.all(ok)
-        shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
-        lp = jax.eval_shape(prior.log_prob, shape) if outside else prior.log_prob(value)
+        lp = jax.eval_shape(prior.log_prob, value) if outside else prior.log_prob(value)
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"The prior of `{label}` cannot score the parameter (shape {value.shape}): "

@@ -43,10 +43,8 @@ def resolve(tree: PyTree) -> PyTree:
         if isinstance(x, Node):
             return x.unwrap()
         if module is not None and isinstance(x, kinds):  # paramax: ours inside first
-            inner = jtu.tree_map(
-                value, x, is_leaf=lambda y: y is not x and isinstance(y, kinds)
-            )
-            return module.unwrap(inner)
+            inside = lambda y: y is not x and isinstance(y, kinds)  # noqa: E731
+            return module.unwrap(jtu.tree_map(value, x, is_leaf=inside))
         return x
 
     return jtu.tree_map(value, tree, is_leaf=lambda x: isinstance(x, kinds))

@@ -60,37 +60,28 @@ def to_unconstrained(
         _transforms.inverse(transform, value, name)  # raises the TypeError
     param, back, near = eqx.filter_jit(_round_trip)(transform, value, probe)
     bijector = f"the bijector {_transforms.describe(transform)}"
-    bad = ~(abs(_errors.host(param)) < np.inf)
-    if param.shape != value.shape:  # entries do not correspond: flag it all
-        bad = bad.any()
-    param = _errors.check(
+    whole = f"value = {_errors.short(value)}"  # where entries do not correspond
+    param = _errors.check_finite(
         param,
-        bad,
         f"{name}: the value is outside the range of {bijector}",
         "Pass a value inside the bijector's range, or choose another bijector.",
-        ("value", value),
+        ("value", value) if param.shape == value.shape else whole,
     )
     v, b = _errors.host(value), _errors.host(back)
     missed = _transforms.round_trip_error(transform, v, b)
     if missed is not None:
-        param = _errors.check(
-            param,
-            missed,
-            f"{name}: the value cannot be represented in {value.dtype} by {bijector}",
-            "Use a value further from the boundary, or float64.",
-            ("value", value),
-        )
+        what = f"{name} cannot be represented in {value.dtype} by {bijector}"
+        fix = "Use a value further from the boundary, or float64."
+        param = _errors.check(param, missed, what, fix, ("value", value))
     if constraint is None:
         return param
     shown = f"{name} = {_errors.short(value)}"
-    param = _errors.check(
-        param,
-        ~_constraint.holds(constraint, back),
+    what = (
         f"{name} cannot be represented through {bijector}: mapped back, it leaves "
-        f"{constraint!r} (a value too close to the boundary for the dtype)",
-        "Move the value further inside the support, or use float64.",
-        shown,
+        f"{constraint!r} (a value too close to the boundary for the dtype)"
     )
+    fix = "Move the value further inside the support, or use float64."
+    param = _errors.check(param, ~_constraint.holds(constraint, back), what, fix, shown)
     if near is None:
         return param
     return _check_range(param, near, transform, constraint, name, shown)
@@ -187,17 +178,15 @@ class Bijector(Node):
             leaves = jtu.tree_leaves(param, is_leaf=is_node)
             if not leaves or not all(eqx.is_array(x) or is_node(x) for x in leaves):
                 raise TypeError(
-                    "ep.Bijector: `param` must be an array (the unconstrained value), "
-                    "a nested `ep.Bijector`/`ep.Frozen` node, or a PyTree of those, "
-                    f"got {type(param).__name__}. Build a node from a constrained "
-                    "value with `ep.Bijector.from_value(value, transform)`."
+                    "ep.Bijector: `param` must be an array, a nested node or a PyTree "
+                    f"of those, got {type(param).__name__}. For a constrained value, "
+                    "use `ep.Bijector.from_value(value, transform)`."
                 )
             self.param = param  # a PyTree (paramax style): its leaves stay
             return
         param = _errors.as_float(param, "ep.Bijector: `param`")
-        self.param = _errors.check(
+        self.param = _errors.check_finite(
             param,
-            ~(abs(_errors.host(param)) < np.inf),
             "ep.Bijector: `param` (the unconstrained value) must be finite",
             "Build it with `ep.Bijector.from_value` or a shortcut like `ep.positive`.",
             ("param", param),
@@ -237,7 +226,7 @@ class Bijector(Node):
         assert abs(ep.resolve(scale) - 2.0) < 1e-6
         ```
         """
-        return _from_value(value, transform, constraint, "Bijector.from_value")
+        return _from_value(value, constraint, "Bijector.from_value", transform)
 
     def unwrap(self) -> Any:
         return _transforms.forward(resolve(self.transform), resolve(self.param))
@@ -286,9 +275,6 @@ class Bijector(Node):
             type(self), attributes, path=path, subtree_renderer=subtree_renderer
         )
 
-    def __repr__(self) -> str:
-        return eqx.tree_pformat(self)
-
 
 _UNRESOLVED = (
     "An `ep.Bijector` node is not an array: call `ep.resolve` first "
@@ -302,7 +288,7 @@ def _is_array_like(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, float, int))
 
 
-def _from_value(value: Any, transform: Any, constraint: Any, name: str) -> Bijector:
+def _from_value(value: Any, constraint: Any, name: str, transform=None) -> Bijector:
     probe = transform is not None and constraint is not None  # a bijector by hand
     if constraint is not None:
         constraint = _constraint.as_constraint(constraint, name)
@@ -576,7 +562,7 @@ def positive(value: Real[ArrayLike, "*shape"]) -> Bijector:
     assert abs(ep.resolve(scale) - 2.0) < 1e-6
     ```
     """
-    return _from_value(value, None, _constraint.positive, "ep.positive")
+    return _from_value(value, _constraint.positive, "ep.positive")
 
 
 def nonnegative(value: Real[ArrayLike, "*shape"]) -> Bijector:
@@ -596,7 +582,7 @@ def nonnegative(value: Real[ArrayLike, "*shape"]) -> Bijector:
     assert 0 <= ep.resolve(jitter) < 1e-30
     ```
     """
-    return _from_value(value, None, _constraint.nonnegative, "ep.nonnegative")
+    return _from_value(value, _constraint.nonnegative, "ep.nonnegative")
 
 
 def bounded(
@@ -638,13 +624,12 @@ def bounded(
         np.broadcast_shapes(value.shape, low.shape, high.shape)
     except ValueError:
         raise ValueError(
-            f"ep.bounded: the value (shape {value.shape}), `low` (shape "
-            f"{low.shape}) and `high` (shape {high.shape}) must broadcast "
-            "together. Give bounds of the value's shape, or scalars."
+            f"ep.bounded: the value {value.shape}, `low` {low.shape} and `high` "
+            f"{high.shape} must broadcast together; give scalars or the value's shape."
         ) from None
     if not (_errors.is_traced(low) or _errors.is_traced(high)):
         low, high = np.asarray(low), np.asarray(high)
-    return _from_value(value, None, _constraint.interval(low, high), "ep.bounded")
+    return _from_value(value, _constraint.interval(low, high), "ep.bounded")
 
 
 def lower_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
@@ -678,7 +663,7 @@ def lower_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
     assert jnp.allclose(ep.resolve(chol), L, atol=1e-6)
     ```
     """
-    return _from_value(value, None, _constraint.lower_cholesky, "ep.lower_cholesky")
+    return _from_value(value, _constraint.lower_cholesky, "ep.lower_cholesky")
 
 
 def positive_definite(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
@@ -700,9 +685,7 @@ def positive_definite(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
     assert jnp.allclose(ep.resolve(node), cov, atol=1e-5)
     ```
     """
-    return _from_value(
-        value, None, _constraint.positive_definite, "ep.positive_definite"
-    )
+    return _from_value(value, _constraint.positive_definite, "ep.positive_definite")
 
 
 def corr_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
@@ -723,7 +706,7 @@ def corr_cholesky(value: Real[ArrayLike, "*batch n n"]) -> Bijector:
     assert jnp.allclose(L @ L.T, corr, atol=1e-5)
     ```
     """
-    return _from_value(value, None, _constraint.corr_cholesky, "ep.corr_cholesky")
+    return _from_value(value, _constraint.corr_cholesky, "ep.corr_cholesky")
 
 
 def simplex(value: Real[ArrayLike, "*batch n"]) -> Bijector:
@@ -753,4 +736,4 @@ def simplex(value: Real[ArrayLike, "*batch n"]) -> Bijector:
     assert jnp.allclose(ep.resolve(probs), jnp.array([0.2, 0.3, 0.5]))
     ```
     """
-    return _from_value(value, None, _constraint.simplex, "ep.simplex")
+    return _from_value(value, _constraint.simplex, "ep.simplex")

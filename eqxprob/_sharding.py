@@ -63,14 +63,14 @@ def rows(data: Array, index: Array) -> Array:
 def place_like(leaves: list, like: list) -> list:
     """`leaves` moved to the shardings of `like` (a fresh optimiser state) where
     those are `Explicit`-mesh shardings and differ; tracers stay as they are."""
-    return [
-        x
-        if isinstance(x, jax.core.Tracer)
-        or explicit_mesh(y) is None
-        or getattr(x, "sharding", None) == y.sharding
-        else jax.device_put(x, y.sharding)
-        for x, y in zip(leaves, like)
-    ]
+
+    def place(x: Any, y: Any) -> Any:
+        if isinstance(x, jax.core.Tracer) or explicit_mesh(y) is None:
+            return x
+        same = getattr(x, "sharding", None) == y.sharding
+        return x if same else jax.device_put(x, y.sharding)
+
+    return [place(x, y) for x, y in zip(leaves, like)]
 
 
 def place_together(tree: Any) -> Any:
@@ -80,11 +80,8 @@ def place_together(tree: Any) -> Any:
     their types must agree (the gradient of a contraction over the sharded
     rows, say)."""
     leaves, treedef = jax.tree.flatten(tree)
-    concrete = [
-        i
-        for i, x in enumerate(leaves)
-        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-    ]
+    arrays = [(i, x) for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    concrete = [i for i, x in arrays if not isinstance(x, jax.core.Tracer)]
     committed = [leaves[i].sharding for i in concrete if leaves[i].committed]
     loose = [i for i in concrete if not leaves[i].committed]
     if not committed or not loose:

@@ -17,6 +17,7 @@ from jaxtyping import Array, ArrayLike, Bool, PyTree
 
 
 _PREFIX = "UpdateOnEvent: "
+_INFER = "calling the wrapped module on example_input to infer its output shape"
 BoolScalarLike = Bool[ArrayLike, ""]
 
 
@@ -157,19 +158,15 @@ class UpdateOnEvent(eqx.Module):
         except ValueError as e:
             raise ValueError(
                 f"{_PREFIX}could not build the wrapped module's state ({e}). Pass the "
-                "module as constructed (e.g. `MyModule()`), not the result of "
-                "`eqx.nn.make_with_state`, and wrap it with "
-                "`eqx.nn.make_with_state(UpdateOnEvent)(module, example_input)`."
+                "module as constructed, not the result of `eqx.nn.make_with_state`, "
+                "and wrap it: `eqx.nn.make_with_state(UpdateOnEvent)(module, x)`."
             ) from e
         try:
             struct = eqx.filter_eval_shape(
                 lambda m, x, s: _call(m, x, s)[0], module, example_input, inner_state
             )
         except Exception as e:
-            message = (
-                f"{_PREFIX}calling the wrapped module on example_input to infer its "
-                f"output shape failed: {e}"
-            )
+            message = f"{_PREFIX}{_INFER} failed: {e}"
             try:
                 error = type(e)(message)
             except Exception:

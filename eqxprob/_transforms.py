@@ -128,8 +128,7 @@ class SoftplusFrom(BuiltIn):
 
     @property
     def name(self) -> str:
-        op = "+" if self.sign > 0 else "-"
-        return f"{_errors.short(self.origin)} {op} softplus"
+        return f"{_errors.short(self.origin)} {'+' if self.sign > 0 else '-'} softplus"
 
     def round_trip_scale(self, y):
         return jnp.abs(self.origin.astype(y.dtype))
@@ -341,9 +340,6 @@ class Static(eqx.Module):
         if method is None:
             raise AttributeError(f"The bijector {self!r} has no `{name}`.")
         return method
-
-    def __repr__(self) -> str:
-        return describe(self.held.value)
 
     def __pdoc__(self, **kwargs: Any) -> wl.AbstractDoc:
         return wl.TextDoc(describe(self.held.value))

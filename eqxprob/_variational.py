@@ -118,15 +118,6 @@ class Guide(eqx.Module):
             return FixedDistrax(distrax.MultivariateNormalTri, self.loc, scale)
         return FixedDistrax(distrax.MultivariateNormalDiagPlusLowRank, self.loc, *scale)
 
-    def _marginal_variances(self) -> Array:
-        scale = _parameter.resolve(self.scale)
-        if self.family == "mean_field":
-            return scale**2
-        if self.family == "full_rank":
-            return jnp.sum(scale**2, axis=-1)
-        diag, u, v = scale
-        return jnp.sum((jnp.diag(diag) + u @ v.T) ** 2, axis=-1)
-
     def _split(self, u: Array) -> list[Array]:
         """The random parameters' arrays in the flat vector `u`."""
         return [
@@ -172,7 +163,7 @@ class Guide(eqx.Module):
     def _expected_gaussian_log_prior(self) -> Array:
         """E_q[log p(u)] in closed form for Normal priors on identity leaves."""
         total = jnp.zeros(())
-        variances = self._split(self._marginal_variances())
+        variances = self._split(self.distribution.variance())
         parts = zip(self.randoms, self._specs(), self._split(self.loc), variances)
         for r, specs, m, v in parts:
             if (gaussian := _gaussian_prior(*specs)) is not None:
@@ -309,8 +300,7 @@ def guide(
                 raise ValueError(
                     f"guide: the value of `{label}` is outside the support of its "
                     f"prior {type(prior).__name__} (log prior {start_lp}). Start it "
-                    "inside with the matching constraint (`ep.constraints.positive` "
-                    "for a Gamma prior) so that samples stay inside too."
+                    "inside, with the matching constraint so that samples stay inside."
                 )
             pieces.append(jnp.ravel(value))
             leaves.append(_Slot(value.shape, value.dtype))

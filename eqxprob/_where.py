@@ -93,12 +93,10 @@ def _forbid(what: str) -> Callable[..., Any]:
 
 # Every operation but selecting, by dunder names (each also `r` and `i` for the
 # binary arithmetic ones), and how a message names it.
-_ARITHMETIC = (
-    "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and or xor"
-)
+_BINARY = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and or xor"
 for _names, _what in {
     "neg pos abs invert": "arithmetic",
-    " ".join(f"{o} r{o} i{o}" for o in _ARITHMETIC.split()): "arithmetic",
+    " ".join(f"{o} r{o} i{o}" for o in _BINARY.split()): "arithmetic",
     "eq ne lt le gt ge": "a comparison",
     "hash": "hashing",
     "bool": "truth testing (`if`, `and`, `or`, `not`)",
