@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # newer pyright (a network call).
 PYRIGHT := PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
-.PHONY: demo test bench-smoke smoke-lowest lint format bench docs clean
+.PHONY: demo test test-slow bench-smoke smoke-lowest lint format bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(PYRIGHT)
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 -m "not slow"
+
+# The tests marked `slow` (several processes, 8 devices, the NUTS example): out of
+# `make test` to keep it under 8 minutes on two cores; CI runs them (.ci/run).
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n 2 -m slow
 
 # The benchmark scripts run (--quick) and their variants agree; not timed, and out of
 # `make test` (CI runs it once, in .ci/run).

@@ -243,6 +243,7 @@ def test_map_with_priors_moves_towards_the_priors(examples, capsys):
         np.testing.assert_allclose(np.trapezoid(posterior, grid), 1.0, rtol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("blackjax/adaptation/staged_adaptation.py:482")
 def test_nuts_blackjax_runs(examples, capsys):
     pytest.importorskip("blackjax")
@@ -347,6 +348,7 @@ def test_svgp_classification_nears_the_bayes_classifier(examples, capsys):
         np.testing.assert_allclose(float(model.kl()), kl, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_svgp_sharded_over_8_devices_equals_single_device():
     code = (
         "import svgp_classification as s; r = s.main(n=400, m=16, steps=40, "
@@ -395,6 +397,7 @@ def test_lbfgs_fits_the_exact_gp_to_scipys_bfgs_optimum(examples):
         np.testing.assert_allclose(gp.nlml(x, y), ref.fun, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_svgp_in_two_processes_equals_one_process(examples, capsys):
     """`--processes 2`: two local processes (`jax.distributed`), each holding
     half the rows, train as the single device does on all of them."""

@@ -10,9 +10,11 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 from _processes import run_processes
 
 
+pytestmark = pytest.mark.slow  # (`make test-slow`)
 WORKER = str(pathlib.Path(__file__).with_name("_two_processes.py"))
 
 
