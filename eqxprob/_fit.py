@@ -354,9 +354,9 @@ def _check_model(model: PyTree) -> None:
         names = ", ".join(f"`{label}`" for label in labels[:5])
         more = f" (and {len(labels) - 5} more)" if len(labels) > 5 else ""
         raise ValueError(
-            f"fit: {names}{more} are `ep.field(constraint=...)` fields holding raw "
-            "arrays, which would train unconstrained (out of their support, frozen "
-            "ones too). Call `model = ep.parameterize(model)` first, and "
+            f"fit: `ep.field(constraint=...)` fields hold raw arrays ({names}{more}) "
+            "that would train unconstrained (out of their support, frozen ones "
+            "too). Call `model = ep.parameterize(model)` first, and "
             "`ep.resolve(model)` in the loss."
         )
 
