@@ -48,8 +48,6 @@ def program(fn: Callable[..., list], args: list) -> tuple[Callable[..., list], b
     and whether it may be reused (no host callbacks).
 
     Raises `Traced` if the trace closes over a tracer."""
-    # (`keep_unused`: every input is in the lowered text, so two programs with
-    # one text take the same inputs.)
     closed = jax.make_jaxpr(fn)(*args)
     # (An outer trace's values that `fn` reads become extra inputs, or consts.)
     if len(closed.jaxpr.invars) != len(args) or any(
@@ -81,4 +79,6 @@ def _jitted(closed: Any, fn: Callable) -> jax.stages.Wrapped:
         return run(*args)
 
     call.__name__ = call.__qualname__ = getattr(fn, "__name__", "program")
+    # (`keep_unused`: every input is in the lowered text, so two programs with
+    # one text take the same inputs.)
     return jax.jit(call, keep_unused=True)
