@@ -228,14 +228,9 @@ def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable
 
         def blocks(carry):
             j, p, s, losses = carry
-            if block == 1:  # (no inner loop: fewer ops to compile)
-                p, s, value = problem.step(p, s, fixed, data, keys, start + j)
-                values = value[None]
-            else:
-                steps = j * block + jnp.arange(block, dtype=jnp.int32)
-                (p, s), values = problem.scan(
-                    (p, s), fixed, data, keys, start, steps, n
-                )
+            steps = j * block + jnp.arange(block, dtype=jnp.int32)
+            last = None if block == 1 else n
+            (p, s), values = problem.scan((p, s), fixed, data, keys, start, steps, last)
             losses = jax.lax.dynamic_update_slice_in_dim(losses, values, j * block, 0)
             return j + 1, p, s, losses
 
