@@ -25,6 +25,7 @@ float when given as integer arrays); numpyro's `transforms._InverseTransform` (w
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 import inspect
 import operator
@@ -45,6 +46,11 @@ tfd = tfp.distributions
 tfb = tfp.bijectors
 
 
+# Called once with `numpyro.distributions` when `require_numpyro` first imports it
+# (`_dispatch` registers wrappers with numpyro's own dispatch there).
+ON_NUMPYRO: list[Callable[[Any], None]] = []
+
+
 def require_numpyro() -> Any:
     """Import and return `numpyro.distributions`, or explain which extra to install.
 
@@ -53,12 +59,16 @@ def require_numpyro() -> Any:
     `ImportError` naming the `eqxprob[numpyro]` extra if numpyro is not installed.
     """
     try:
-        return importlib.import_module("numpyro.distributions")
+        module = importlib.import_module("numpyro.distributions")
     except ImportError as e:
         raise ImportError(
             "numpyro is an optional dependency of eqxprob: `pip install -e "
             f"'.[numpyro]'` from eqxprob's clone (or `pip install numpyro`). ({e})"
         ) from e
+    while ON_NUMPYRO:
+        with contextlib.suppress(IndexError):  # (another thread took the last)
+            ON_NUMPYRO.pop()(module)
+    return module
 
 
 def fresh(x: Any) -> Any:

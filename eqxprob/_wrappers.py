@@ -265,13 +265,19 @@ def _call(distribution: bool, method: str, wrapper: Any, *args: Any, **kw: Any) 
     first two bound positionally, so no keyword of the call can replace them)."""
     _check_kind(wrapper, distribution, method)
     if method in ("kl_divergence", "cross_entropy"):
-        _check_kl(wrapper, method, next(iter([*args, *kw.values()]), None))
+        check_kl(wrapper, method, next(iter([*args, *kw.values()]), None))
     fresh_arrays = _caches(wrapper)
-    obj = _built(wrapper, fresh_arrays)
-    args = tuple(_built(a, fresh_arrays) if _is_wrapper(a) else a for a in args)
-    if fresh_arrays:
-        args = _families.fresh(args)
+    obj, args = built(wrapper), tuple(built(a, fresh_arrays) for a in args)
     return _family(wrapper.cls).call(obj, method, *args, **kw)
+
+
+def built(x: Any, fresh_arrays: bool = False) -> Any:
+    """The object a wrapper `x` builds for a method call (its arrays fresh
+    references where a family caches by identity, or with `fresh_arrays`); any
+    other `x` as it is (its arrays fresh with `fresh_arrays`)."""
+    if not _is_wrapper(x):
+        return _families.fresh(x) if fresh_arrays else x
+    return _built(x, fresh_arrays or _caches(x))
 
 
 class _Forwarded:
@@ -536,6 +542,11 @@ class FixedDistrax(eqx.Module):
                 return value
         return _fall_through(self, name)
 
+    def _name_and_control_scope(self, name: Any = None) -> Any:
+        # (TFP's `kl_divergence` enters this on both sides, also on a wrapper of
+        # another family that `_dispatch` then rejects with a clear error.)
+        return contextlib.nullcontext()
+
     def __iter__(self) -> Any:
         # (Not iterable, as TFP's objects: with `__getitem__` alone, Python would
         # iterate by index, without end for TFP, which clamps indices.)
@@ -686,7 +697,7 @@ def _failed(wrapper: FixedDistrax, what: str, e: Exception) -> str:
     return f"FixedDistrax({name}): {qualname} {what} ({items}): {e}"
 
 
-def _check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
+def check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
     """numpyro's KL registry and distrax/TFP's do not know each other's classes."""
     ours = _family(wrapper.cls)
     cls = other.cls if _is_wrapper(other) else type(other)
