@@ -24,6 +24,7 @@ import contextlib
 import functools
 import inspect
 import math
+import sys
 import threading
 from collections.abc import Container, Mapping
 from typing import Any
@@ -37,7 +38,7 @@ import numpy as np
 import wadler_lindig as wl
 from tensorflow_probability.substrates import jax as tfp
 
-from . import _families
+from . import _attributes, _families
 from ._families import Family, family_of, family_of_instance, is_raw
 from ._node import resolve
 
@@ -242,8 +243,55 @@ def _subclass(dynamic: tuple[str, ...]) -> type:
                 "__doc__": FixedDistrax.__doc__,
             }
             metaclass: type = type(FixedDistrax)  # Equinox's; pyright misreads it
-            _SUBCLASSES[dynamic] = metaclass("FixedDistrax", (FixedDistrax,), namespace)
+            subclass = metaclass("FixedDistrax", (FixedDistrax,), namespace)
+            for name in dynamic:  # (after the dataclass is made: not defaults)
+                setattr(subclass, name, _Argument(name))
+            _SUBCLASSES[dynamic] = subclass
         return _SUBCLASSES[dynamic]
+
+
+class _Argument:
+    """An array argument's field, read as `d.x`: the argument, where the library
+    keeps it as given (or has no attribute `x`); else a `TypeError` saying how to
+    reach either. A wrapper that cannot be built (a `tree_at` probe, a
+    partitioned tree, a prefix spec) reads its fields as stored."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, wrapper: Any, owner: Any = None) -> Any:
+        if wrapper is None:
+            return self
+        try:
+            value = wrapper.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+        paths, treedef = jtu.tree_flatten_with_path(wrapper)
+        leaves = [x for _, x in paths]
+        if not eqx.is_array(value) or not all(map(eqx.is_array, leaves)):
+            return value
+        index = [p for p, _ in paths].index((jtu.GetAttrKey(self.name),))
+        attribute = lambda xs: getattr(  # noqa: E731
+            _build(resolve(jtu.tree_unflatten(treedef, xs)), False), self.name, None
+        )
+        try:
+            kept = _attributes.kept_as_given(attribute, leaves, index)
+        except Exception:  # (it cannot be built: as stored)
+            return value
+        if kept or _in_tree_at():
+            return value
+        qualname = _qualname(wrapper.cls)
+        raise TypeError(
+            f"FixedDistrax({wrapper.cls.__name__}).{self.name}: {qualname} computes "
+            f"its `{self.name}` from the arguments (it is not the argument "
+            f"`{self.name}` as given), so the wrapper does not guess which you mean. "
+            f"The argument: `d.arguments[{self.name!r}]` (the leaf that "
+            f"`eqx.tree_at(lambda d: d.{self.name}, ...)` replaces); {qualname}'s: "
+            f"`d.instantiate().{self.name}`."
+        )
+
+    def __set__(self, wrapper: Any, value: Any) -> None:
+        wrapper.__dict__[self.name] = value
 
 
 def _make(
@@ -539,6 +587,9 @@ class FixedDistrax(eqx.Module):
             if arg == name:
                 if _probed_by_tree_at(self):
                     raise TypeError(_static_message(self, name, value))
+                if value is None:  # (left to the library: numpyro derives it)
+                    with contextlib.suppress(AttributeError):
+                        return _fall_through(self, name)
                 return value
         return _fall_through(self, name)
 
@@ -635,6 +686,20 @@ def _probed_by_tree_at(wrapper: FixedDistrax) -> bool:
         type(x).__name__ == "_LeafWrapper" and type(x).__module__ == "equinox._tree"
         for x in jtu.tree_leaves(wrapper)
     )
+
+
+def _in_tree_at() -> bool:
+    """Whether `eqx.tree_at` is calling its `where`, up the stack: it calls it on
+    the tree itself too, and wants the field it holds (pinned by tests)."""
+    frame = sys._getframe(2)
+    for _ in range(16):  # (the where-function may call helpers)
+        if frame is None or frame.f_code is _TREE_AT:
+            return frame is not None
+        frame = frame.f_back
+    return False
+
+
+_TREE_AT = inspect.unwrap(eqx.tree_at).__code__
 
 
 def _static_message(wrapper: FixedDistrax, name: str, value: Any) -> str:

@@ -41,7 +41,7 @@ def main(steps: int = 500, n: int = 2_000, seed: int = 0) -> ep.FixedDistrax:
     print(f"fitted {model}")
     print(f"  negative log-likelihood per point: {float(loss):.4f}")
     print(f"  loc       = {model.loc}   (sample mean {data.mean(0)})")
-    print(f"  scale_tri = {model.scale_tri.tolist()}")
+    print(f"  scale_tri = {model.instantiate().scale_tri.tolist()}")
     print(f"  covariance  {model.covariance().tolist()}")
     print(f"  sample cov  {jnp.cov(data.T).tolist()}")
     return model

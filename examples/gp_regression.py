@@ -51,11 +51,15 @@ class ExactGP(eqx.Module):
     # The observation-noise variance.
     noise: Float[Array, ""] = ep.field(constraint=positive, prior=gamma(1, 10))
 
+    def cholesky(self, x: Float[Array, " n"]) -> Array:
+        """The lower Cholesky factor of K + noise·I at x."""
+        k = self.kernel(x, x) + self.noise * jnp.eye(x.shape[0], dtype=x.dtype)
+        return jnp.linalg.cholesky(k)
+
     def marginal(self, x: Float[Array, " n"]) -> ep.FixedDistrax:
         """The prior predictive of y at x: N(0, K + noise·I), as a pytree."""
-        k = self.kernel(x, x) + self.noise * jnp.eye(x.shape[0], dtype=x.dtype)
         return ep.FixedDistrax(
-            distrax.MultivariateNormalTri, jnp.zeros_like(x), jnp.linalg.cholesky(k)
+            distrax.MultivariateNormalTri, jnp.zeros_like(x), self.cholesky(x)
         )
 
     def nlml(self, x: Float[Array, " n"], y: Float[Array, " n"]) -> Array:
@@ -64,7 +68,7 @@ class ExactGP(eqx.Module):
 
     def predict(self, x: Array, y: Array, x_new: Array) -> tuple[Array, Array]:
         """Posterior predictive mean and variance of y at `x_new` (noise included)."""
-        lower = self.marginal(x).scale_tri
+        lower = self.cholesky(x)
         k_cross = self.kernel(x, x_new)
         alpha = jsl.cho_solve((lower, True), y)
         v = jsl.solve_triangular(lower, k_cross, lower=True)

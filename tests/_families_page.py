@@ -56,6 +56,24 @@ loc, scale)`. Unhashable non-array arguments (e.g. numpyro constraint objects su
 as `constraints.real` as a transform's `domain`) can be neither leaves nor static and
 are rejected; leave such arguments at their defaults.
 
+## Attributes
+
+A wrapper's field is named after its constructor argument, so `d.loc` could mean
+the argument or the library's own `loc`. They agree wherever the library keeps the
+argument as given (up to a broadcast, reshape or dtype conversion), and then
+`d.loc` is the argument. Where the library computes its attribute from the
+arguments (distrax's `Categorical` normalises `probs` and `logits`,
+`MultivariateNormalTri` keeps the lower triangle of `scale_tri`, numpyro's
+`NegativeBinomial2` derives `mean`), `d.x` raises a `TypeError` rather than pick
+one: the argument is `d.arguments["x"]`, the library's value
+`d.instantiate().x`. This is decided from the traced program that builds the
+object and reads the attribute, so it holds under `jax.jit` as outside. Inside
+`eqx.tree_at`'s where-function (`lambda d: d.scale_tri`), and on a tree that
+cannot build its object (a partitioned tree, a prefix spec), `d.x` is the field as
+stored. Attributes that are not arguments (`d.logits` of a wrapper given `probs`)
+and arguments given as `None` (numpyro's `precision_matrix=None`) are the
+library's.
+
 ## Calling conventions and the libraries' own functions
 
 Every wrapper takes the uniform methods (`sample(seed=, sample_shape=)`,

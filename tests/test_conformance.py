@@ -205,6 +205,17 @@ def _first_array_where(obj):
     return None
 
 
+class _Arguments:
+    """A wrapper's arguments read as attributes (nested wrappers too)."""
+
+    def __init__(self, wrapper):
+        self.wrapper = wrapper
+
+    def __getattr__(self, name):
+        value = self.wrapper.arguments[name]
+        return _Arguments(value) if isinstance(value, ep.FixedDistrax) else value
+
+
 def _has_array_argument(name: str) -> bool:
     promotion = "standard" if name in NOT_STRICT_UPSTREAM else "strict"
     with jax.numpy_dtype_promotion(promotion):
@@ -221,10 +232,10 @@ def test_tree_at_on_a_parameter(name):
     wrapped = case.make(case.params, ep.FixedDistrax)
     where = _first_array_where(wrapped)
     assert where is not None  # (`WITH_ARRAYS`)
-    old = where(wrapped)
+    old = where(_Arguments(wrapped))  # (the argument as given; `d.x` may refuse)
     new_value = _touch(old) if old.dtype == bool else old * 1.01
     updated = eqx.tree_at(where, wrapped, new_value)
-    assert where(updated) is new_value
+    assert where(_Arguments(updated)) is new_value
     # Reference: the raw object built with the same substitution in the params.
     key = next(k for k, v in case.params.items() if v is old)
     expected = _reference(name, {**case.params, key: new_value})
@@ -311,3 +322,59 @@ def test_sample_shapes_and_dtypes_match_raw(name):
     ):
         assert g.shape == e.shape == (2, *batch, *ev)
         assert g.dtype == e.dtype
+
+
+def test_attributes_agree_with_the_raw_object_or_refuse(name):
+    """For each array attribute the raw object has, the wrapper's attribute of that
+    name equals it (up to broadcasting), or, for an argument the library computes
+    its attribute of that name from, raises naming `d.arguments[...]`. The
+    uniform methods (`mean()`, `sample`, ...) are the wrapper's by design."""
+    case = CASES[name]
+    wrapped, raw = case.make(case.params, ep.FixedDistrax), case.make(case.params, RAW)
+    for attr in dir(raw):
+        if attr.startswith("_") or hasattr(ep.FixedDistrax, attr):
+            continue
+        try:
+            expected = getattr(raw, attr)
+        except Exception:
+            continue
+        if not eqx.is_array(expected):
+            continue
+        try:
+            got = getattr(wrapped, attr)
+        except TypeError as e:
+            assert attr in wrapped.arguments, (attr, e)
+            assert f"d.arguments[{attr!r}]" in str(e)
+            continue
+        expected = np.asarray(expected)
+        got = np.broadcast_to(np.asarray(got), expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0, err_msg=attr)
+
+
+def test_attribute_rule_is_the_same_under_jit():
+    probs = jnp.array([1.0, 1.0])
+    categorical = ep.FixedDistrax(distrax.Categorical, probs=probs)
+    normal = ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.array(1.0))
+
+    @jax.jit
+    def read(c, n):
+        with pytest.raises(TypeError, match=r"d\.arguments\['probs'\]"):
+            _ = c.probs
+        return n.loc, n.scale, c.logits, c.arguments["probs"]
+
+    loc, scale, logits, argument = read(categorical, normal)
+    _close(loc, jnp.zeros(3))
+    _close(scale, 1.0)
+    _close(logits, jnp.log(jnp.array([0.5, 0.5])))  # the library's, normalised
+    _close(argument, probs)
+    with pytest.raises(TypeError, match="computes its `probs`"):
+        _ = categorical.probs
+    # In `eqx.tree_at`'s where-function the field is the argument, as stored.
+    moved = eqx.tree_at(lambda c: c.probs, categorical, jnp.array([1.0, 3.0]))
+    _close(moved.instantiate().probs, jnp.array([0.25, 0.75]))
+    # numpyro's attributes for an argument given as `None` are numpyro's.
+    mvn = ep.FixedDistrax(
+        nd.MultivariateNormal, jnp.zeros(2), covariance_matrix=2 * jnp.eye(2),
+        precision_matrix=None,
+    )  # fmt: skip
+    _close(mvn.precision_matrix, 0.5 * jnp.eye(2))

@@ -342,7 +342,10 @@ def test_svgp_classification_nears_the_bayes_classifier(examples, capsys):
         own_mc = np.asarray(model.expected_log_lik_mc(points, labels, keys[2], 20_000))
         assert np.all(np.abs(quadrature - own_mc) <= 5 * se + 1e-9)
         # The analytic KL of the wrapped MVNs, KL[N(m, LLᵀ) ‖ N(0, I)].
-        loc, tri = np.asarray(model.q_v.loc), np.asarray(model.q_v.scale_tri)
+        loc, tri = (
+            np.asarray(model.q_v.loc),
+            np.asarray(model.q_v.arguments["scale_tri"]),
+        )
         kl = 0.5 * (loc @ loc + np.sum(tri**2) - len(loc))
         kl -= np.sum(np.log(np.diag(tri)))
         np.testing.assert_allclose(float(model.kl()), kl, rtol=1e-10)
