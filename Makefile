@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # newer pyright (a network call).
 PYRIGHT := PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
-.PHONY: demo test test-slow bench-smoke smoke-lowest lint format bench docs clean
+.PHONY: demo test test-slow bench-smoke smoke-lowest peer lint format bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,3 +71,8 @@ docs: $(VENV)/.installed-docs
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .ruff_cache
+
+# numpyro's and distrax's own test files (downloaded at run time), run raw and with
+# the class under test wrapped; prints a table (peer/run.py). Not part of make test.
+peer: $(VENV)/.installed-test
+	$(BIN)/python peer/run.py

@@ -74,6 +74,25 @@ stored. Attributes that are not arguments (`d.logits` of a wrapper given `probs`
 and arguments given as `None` (numpyro's `precision_matrix=None`) are the
 library's.
 
+## Where a wrapper differs from the raw object
+
+`make peer` runs numpyro's and distrax's own test files against wrappers (see the
+contributing guide). A test that passes on the raw class and fails wrapped is a
+bug unless it is one of these differences, which are by design:
+
+- **`isinstance` and identity.** A wrapper is a `FixedDistrax` (an Equinox
+  module), not an instance of the wrapped class: `isinstance(d, dist.Normal)` is
+  false, and `type(d)` is `FixedDistrax`, so class-level reads of `type(d)` (a
+  classmethod such as numpyro's `infer_shapes`, a method's annotations) see the
+  wrapper's class. Use `d.cls`.
+- **A raw distribution or bijector as an argument** is rejected (its arrays would
+  be hidden from JAX): wrap it too.
+- **Uniform methods.** `mean()`, `variance()`, `stddev()`, `mode()` are methods on
+  every wrapper, also where numpyro has properties; `d.mean` without a call is the
+  bound method.
+- **Derived attributes** (above): `d.x` refuses to pick between the argument and
+  the library's computed `x`.
+
 ## Calling conventions and the libraries' own functions
 
 Every wrapper takes the uniform methods (`sample(seed=, sample_shape=)`,

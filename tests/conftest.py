@@ -12,11 +12,21 @@ promotion. A test that needs it is marked `@pytest.mark.standard_promotion(
 "<the upstream line>")` and runs under standard promotion; nothing else is.
 """
 
+import importlib.metadata
+
 import jax
 import pytest
 
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def pytest_report_header(config):
+    """The versions this run resolved (CI's fresh venv takes the newest allowed)."""
+    names = ["jax", "jaxlib", "equinox", "distrax", "tfp-nightly", "optax", "numpyro"]
+    return "eqxprob against: " + ", ".join(
+        f"{n} {importlib.metadata.version(n)}" for n in names
+    )
 
 
 def pytest_configure(config):
