@@ -4,11 +4,12 @@ wrapper's attribute of an argument's name.
 `d.probs` on a wrapper could mean the argument or the library's attribute, which
 differ where the library computes its attribute from the argument (distrax's
 `Categorical` normalises `probs`; `MultivariateNormalTri` keeps the lower
-triangle of `scale_tri`). `kept_as_given` decides from the traced program of
-"build the object, read its attribute", never from the Python objects: the
-attribute is kept as given when it is the argument up to a broadcast, reshape or
-dtype conversion (`broadcast_in_dim`, `reshape`, `convert_element_type`, ... of
-that argument alone, also inside nested `jit`s).
+triangle of `scale_tri`) or broadcasts it to the batch shape. `differs` decides
+from the traced program of "build the object, read its attribute", never from
+the Python objects: the attribute is the argument as given when it is that
+argument alone, of the same shape, through moves and dtype conversions
+(`broadcast_in_dim`, `reshape`, `convert_element_type`, ..., also inside nested
+`jit`s).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ _STRUCTURAL = frozenset({
 _CALLS = ("pjit", "jit", "closed_call", "core_call")
 
 
-def kept_as_given(attribute: Callable[[list], Any], leaves: list, index: int) -> bool:
-    """Whether `attribute(leaves)` (build an object from `leaves`, read one of its
-    attributes) is `leaves[index]` up to a broadcast, reshape or dtype conversion;
-    also true where the object has no such array attribute (nothing to disagree
-    with). Exceptions of `attribute` propagate."""
+def differs(attribute: Callable[[list], Any], leaves: list, index: int) -> str | None:
+    """How `attribute(leaves)` (build an object from `leaves`, read one of its
+    attributes) differs from `leaves[index]`, in words, or `None` where it is
+    that argument up to a dtype conversion (or the object has no such array
+    attribute: nothing to disagree with). Exceptions of `attribute` propagate."""
     found: list[bool] = []
 
     def read(*xs: Any) -> Any:
@@ -44,8 +45,13 @@ def kept_as_given(attribute: Callable[[list], Any], leaves: list, index: int) ->
     avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     closed = jax.make_jaxpr(read)(*avals)
     if not found[-1]:
-        return True
-    return _source(closed.jaxpr, closed.jaxpr.outvars[0]) == index
+        return None
+    out = closed.jaxpr.outvars[0]
+    if _source(closed.jaxpr, out) != index:
+        return "computed from the arguments"
+    if out.aval.shape != tuple(leaves[index].shape):
+        return f"the argument broadcast or reshaped to {out.aval.shape}"
+    return None
 
 
 def _source(jaxpr: Any, var: Any) -> int | None:

@@ -275,16 +275,16 @@ class _Argument:
             _build(resolve(jtu.tree_unflatten(treedef, xs)), False), self.name, None
         )
         try:
-            kept = _attributes.kept_as_given(attribute, leaves, index)
+            how = _attributes.differs(attribute, leaves, index)
         except Exception:  # (it cannot be built: as stored)
             return value
-        if kept or _in_tree_at():
+        if how is None or _in_tree_at():
             return value
         qualname = _qualname(wrapper.cls)
         raise TypeError(
-            f"FixedDistrax({wrapper.cls.__name__}).{self.name}: {qualname} computes "
-            f"its `{self.name}` from the arguments (it is not the argument "
-            f"`{self.name}` as given), so the wrapper does not guess which you mean. "
+            f"FixedDistrax({wrapper.cls.__name__}).{self.name}: {qualname}'s "
+            f"`{self.name}` is {how}, not the argument `{self.name}` as given, so "
+            "the wrapper does not guess which you mean. "
             f"The argument: `d.arguments[{self.name!r}]` (the leaf that "
             f"`eqx.tree_at(lambda d: d.{self.name}, ...)` replaces); {qualname}'s: "
             f"`d.instantiate().{self.name}`."
@@ -587,9 +587,8 @@ class FixedDistrax(eqx.Module):
             if arg == name:
                 if _probed_by_tree_at(self):
                     raise TypeError(_static_message(self, name, value))
-                if value is None:  # (left to the library: numpyro derives it)
-                    with contextlib.suppress(AttributeError):
-                        return _fall_through(self, name)
+                with contextlib.suppress(AttributeError):  # (the library's, if any:
+                    return _fall_through(self, name)  # numpyro derives a `None`)
                 return value
         return _fall_through(self, name)
 

@@ -49,11 +49,22 @@ BY_DESIGN = [
     ("numpyro's mean/variance properties are methods on a wrapper",
      lambda f: "Partial" in f.get("error", "")
      or re.search(r"\.(mean|variance) has shape", f.get("error", ""))),
+    ("float rounding: |wrapped - raw| <= 1e-5 where the test asks a relative 1e-2",
+     lambda f: _rounding(f.get("error", ""))),
     ("a raw distribution as a wrapper's argument",
      lambda f: "whose arrays would be hidden from JAX" in f.get("error", "")),
-    ("an attribute the library derives from the arguments (refused)",
-     lambda f: "from the arguments (it is not the argument" in f.get("error", "")),
+    ("an attribute the library derives or broadcasts (refused)",
+     lambda f: "not the argument `" in f.get("error", "")),
 ]  # fmt: skip
+
+
+def _rounding(error: str) -> bool:
+    """An `assert_allclose` failure whose every shown mismatch is below 1e-5 in
+    absolute value: the last bits of a value near 0 (distrax's `Beta(1, 1)`
+    log-density, -9.5e-7 raw, -0.0 from a wrapper closed over by `jax.jit`,
+    where XLA folds the constants of a differently ordered program)."""
+    pairs = re.findall(r"(\S+) \(ACTUAL\), (\S+) \(DESIRED\)", error)
+    return bool(pairs) and all(abs(float(a) - float(d)) <= 1e-5 for a, d in pairs)
 
 
 def _download(package: str, into: pathlib.Path) -> pathlib.Path:

@@ -60,19 +60,19 @@ are rejected; leave such arguments at their defaults.
 
 A wrapper's field is named after its constructor argument, so `d.loc` could mean
 the argument or the library's own `loc`. They agree wherever the library keeps the
-argument as given (up to a broadcast, reshape or dtype conversion), and then
-`d.loc` is the argument. Where the library computes its attribute from the
-arguments (distrax's `Categorical` normalises `probs` and `logits`,
-`MultivariateNormalTri` keeps the lower triangle of `scale_tri`, numpyro's
-`NegativeBinomial2` derives `mean`), `d.x` raises a `TypeError` rather than pick
-one: the argument is `d.arguments["x"]`, the library's value
-`d.instantiate().x`. This is decided from the traced program that builds the
+argument as given (the same shape; a dtype conversion at most), and then `d.loc`
+is the argument. Where the library computes its attribute from the arguments
+(distrax's `Categorical` normalises `probs` and `logits`, `MultivariateNormalTri`
+keeps the lower triangle of `scale_tri`, numpyro's `NegativeBinomial2` derives
+`mean`) or broadcasts the argument to the batch shape (`loc` of
+`Normal(0.0, jnp.ones(3))`), `d.x` raises a `TypeError` rather than pick one: the
+argument is `d.arguments["x"]`, the library's value `d.instantiate().x`. This is decided from the traced program that builds the
 object and reads the attribute, so it holds under `jax.jit` as outside. Inside
 `eqx.tree_at`'s where-function (`lambda d: d.scale_tri`), and on a tree that
 cannot build its object (a partitioned tree, a prefix spec), `d.x` is the field as
 stored. Attributes that are not arguments (`d.logits` of a wrapper given `probs`)
-and arguments given as `None` (numpyro's `precision_matrix=None`) are the
-library's.
+and static arguments (Python ints, strings, `None`: numpyro's
+`precision_matrix=None`) are the library's, where it has them.
 
 ## Where a wrapper differs from the raw object
 
@@ -91,7 +91,10 @@ bug unless it is one of these differences, which are by design:
   every wrapper, also where numpyro has properties; `d.mean` without a call is the
   bound method.
 - **Derived attributes** (above): `d.x` refuses to pick between the argument and
-  the library's computed `x`.
+  the library's computed or broadcast `x`.
+- **Float rounding** in the last bits of a value near 0 (under 1e-5), where a test
+  asks a relative tolerance: a wrapper builds its object inside the traced
+  program, so XLA may fold constants in another order.
 
 ## Calling conventions and the libraries' own functions
 
