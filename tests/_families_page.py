@@ -66,8 +66,9 @@ is the argument. Where the library computes its attribute from the arguments
 keeps the lower triangle of `scale_tri`, numpyro's `NegativeBinomial2` derives
 `mean`) or broadcasts the argument to the batch shape (`loc` of
 `Normal(0.0, jnp.ones(3))`), `d.x` raises a `TypeError` rather than pick one: the
-argument is `d.arguments["x"]`, the library's value `d.instantiate().x`. This is decided from the traced program that builds the
-object and reads the attribute, so it holds under `jax.jit` as outside. Inside
+argument is `d.arguments["x"]`, the library's value `d.instantiate().x`. This is
+decided from the traced program that builds the object and reads the attribute,
+so it holds under `jax.jit` as outside. Inside
 `eqx.tree_at`'s where-function (`lambda d: d.scale_tri`), and on a tree that
 cannot build its object (a partitioned tree, a prefix spec), `d.x` is the field as
 stored. Attributes that are not arguments (`d.logits` of a wrapper given `probs`)
