@@ -32,7 +32,7 @@ from jaxtyping import Array, Float, PyTree
 from . import _constraint, _errors, _parameter, _support, _transforms
 from ._constraint import Constraint
 from ._families import as_tuple
-from ._where import WhereDict, where_labels, where_paths
+from ._where import WhereDict, step, where_labels, where_paths
 from ._wrappers import FixedDistrax
 
 
@@ -188,7 +188,7 @@ def _metadata_specs(model: Any, paths: list) -> list[ParamSpec | None]:
             if isinstance(key, jtu.GetAttrKey):
                 f = getattr(type(node), "__dataclass_fields__", {}).get(key.name)
                 spec = getattr(f, "metadata", {}).get(_METADATA_KEY) or spec
-                node = getattr(node, key.name)
+                node = step(node, key.name)
             elif isinstance(key, (jtu.SequenceKey, jtu.DictKey)):
                 node = node[key.idx if isinstance(key, jtu.SequenceKey) else key.key]
             else:

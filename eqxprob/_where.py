@@ -153,6 +153,17 @@ def _parse(label: str) -> _Steps:
     return tuple(steps)
 
 
+def step(tree: Any, name: str) -> Any:
+    """What a key path's `.name` reaches in `tree`: the field as stored (a
+    wrapper's attribute of an argument's name may refuse to read it), else the
+    attribute."""
+    if issubclass(type(tree), eqx.Module):
+        fields = object.__getattribute__(tree, "__dict__")
+        if name in fields:
+            return fields[name]
+    return getattr(tree, name)
+
+
 def _as_where(label: Where | str) -> Where:
     """A where-function as it is, or one parsed from a label."""
     if not isinstance(label, str):
@@ -161,7 +172,7 @@ def _as_where(label: Where | str) -> Where:
 
     def where(tree: Any) -> Any:
         for kind, key in steps:
-            tree = getattr(tree, key) if kind == "." else tree[key]
+            tree = step(tree, key) if kind == "." else tree[key]
         return tree
 
     where.__qualname__ = where.__name__ = f"where_{label!r}"
