@@ -120,5 +120,18 @@ assert jnp.allclose(g.loc, jnp.array([1.5, 0.5]) / 4.0), g.loc
 affine = ep.FixedDistrax(nd.transforms.AffineTransform, jnp.array(1.0), jnp.array(2.0))
 assert jnp.allclose(affine.forward(jnp.array(1.0)), 3.0)
 print("ok FixedDistrax + eqx.filter_grad (numpyro)")
+from numpyro.distributions.kl import kl_divergence  # noqa: E402
+
+
+other = ep.FixedDistrax(nd.Normal, jnp.array([1.0, 0.0]), jnp.array([1.0, 3.0]))
+raw_kl = kl_divergence(normal.instantiate(), other.instantiate())
+assert jnp.allclose(kl_divergence(normal, other), raw_kl)
+try:
+    _ = normal.scale  # numpyro broadcasts it: the wrapper does not pick
+except TypeError as e:
+    assert "d.arguments['scale']" in str(e), e
+else:
+    raise AssertionError("normal.scale should refuse")
+print("ok numpyro's kl_divergence takes wrappers; attributes never disagree")
 
 print(f"smoke passed in {time.perf_counter() - start:.1f}s")
