@@ -71,14 +71,15 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
 
 # The class under test of each applicable test (`None`: distrax's, set in setUp).
 _UNDER_TEST: dict[str, type | None] = {}
-_CURRENT: list = [None, None]  # (the running test's class, its module's name)
+_CURRENT: list = [None, None, None]  # (the running test's class, module, id)
+_ISINSTANCE_ASKED: set[str] = set()  # tests that asked isinstance(wrapper, cls)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: Any) -> Any:
-    _CURRENT[:] = [_UNDER_TEST.get(item.nodeid), item.module.__name__]
+    _CURRENT[:] = [_UNDER_TEST.get(item.nodeid), item.module.__name__, item.nodeid]
     yield
-    _CURRENT[:] = [None, None]
+    _CURRENT[:] = [None, None, None]
 
 
 def _patch_numpyro() -> None:
@@ -96,6 +97,14 @@ def _patch_numpyro() -> None:
         return original(cls, *args, **kwargs)
 
     DistributionMeta.__call__ = call
+
+    def instancecheck(cls: Any, obj: Any) -> bool:
+        # (Noted: the test asked whether a wrapper is an instance of its class.)
+        if isinstance(obj, ep.FixedDistrax) and issubclass(obj.cls, cls):
+            _ISINSTANCE_ASKED.add(_CURRENT[2])
+        return type.__instancecheck__(cls, obj)
+
+    DistributionMeta.__instancecheck__ = instancecheck
 
 
 def _patch_distrax() -> None:
@@ -131,6 +140,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         if report.skipped and isinstance(report.longrepr, tuple):
             entry["error"] = f"skipped: {report.longrepr[2]}"[:300]
         entry["applicable"] = item.nodeid in _UNDER_TEST
+        entry["isinstance_asked"] = item.nodeid in _ISINSTANCE_ASKED
         _RESULTS[item.nodeid] = entry
 
 

@@ -7,7 +7,8 @@ repository), runs the chosen test files twice with `peer/plugin.py` (raw, then
 with the class under test wrapped), and prints, per suite: the applicable tests,
 how many pass raw and wrapped, and each test that passes raw but fails wrapped,
 in a category: a known by-design difference (docs/families.md, "Where a wrapper
-differs from the raw object") or `bug`.
+differs from the raw object") or `bug` (the plugin notes numpyro's tests that
+asked `isinstance(wrapper, its class)` anywhere in their body).
 
 Run: `python peer/run.py [--sample N] [--keep DIR]` (`--sample`: one test in N of
 numpyro's suite, default 50; distrax's files run whole: about 20 minutes on two
@@ -45,7 +46,8 @@ BY_DESIGN = [
      lambda f: "type object 'FixedDistrax'" in f.get("error", "")
      or re.match(r"AssertionError: FixedDistrax\.\w+ .* annot", f.get("error", ""))),
     ("isinstance or identity check in the test body",
-     lambda f: re.search(r"isinstance\(| is (?!not\b|None\b)", f.get("test_line", ""))),
+     lambda f: f.get("isinstance_asked")
+     or re.search(r"isinstance\(| is (?!not\b|None\b)", f.get("test_line", ""))),
     ("numpyro's mean/variance properties are methods on a wrapper",
      lambda f: "Partial" in f.get("error", "")
      or re.search(r"\.(mean|variance) has shape", f.get("error", ""))),
