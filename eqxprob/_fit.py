@@ -39,6 +39,13 @@ from ._metadata import unparameterized
 from ._parameter import trainable
 
 
+# XLA hoists loop-invariant work out of a loop of unknown trip count, as the
+# chunk's is, but not out of a `lax.scan`'s: the hoisted values, carried through
+# the loop, added a quarter to the exact GP example's compile (XLA's own compile
+# events, `benchmarks/peers.py`) and saved no step time. Compiled as a scan is.
+_CHUNK_OPTIONS = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+
+
 def _block(leaves: list, steps: int, steps_per_block: int | None) -> int:
     """Steps per block, the step loop's static trip count: `steps_per_block`, or
     by default 32 on an accelerator for a call of at least 1,000 steps, else 1.
@@ -618,10 +625,12 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress, block
     start = int(start)
     flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
     capacity = -(-chunk_size // block) * block
-    run, reusable = _programs.program(_chunk(problem, trees, capacity, block), flat)
+    chunk = _chunk(problem, trees, capacity, block)
+    run, reusable = _programs.program(chunk, flat, _CHUNK_OPTIONS)
     if block > 1 and not reusable:  # host callbacks: no discarded steps
         block, capacity = 1, chunk_size
-        run, _ = _programs.program(_chunk(problem, trees, capacity, 1), flat)
+        chunk = _chunk(problem, trees, capacity, 1)
+        run, _ = _programs.program(chunk, flat, _CHUNK_OPTIONS)
     state_tree = jtu.tree_structure(args[:2])
     n_state = state_tree.num_leaves
     try:  # (a widget in a notebook needs ipywidgets; without it, a text bar,
