@@ -270,6 +270,8 @@ class _Argument:
         leaves = [x for _, x in paths]
         if not eqx.is_array(value) or not all(map(eqx.is_array, leaves)):
             return value
+        if _in_tree_at():  # (as stored whatever the rule says: not traced)
+            return value
         index = [p for p, _ in paths].index((jtu.GetAttrKey(self.name),))
         attribute = lambda xs: getattr(  # noqa: E731
             _build(resolve(jtu.tree_unflatten(treedef, xs)), False), self.name, None
@@ -278,7 +280,7 @@ class _Argument:
             how = _attributes.differs(attribute, leaves, index)
         except Exception:  # (it cannot be built: as stored)
             return value
-        if how is None or _in_tree_at():
+        if how is None:
             return value
         qualname = _qualname(wrapper.cls)
         raise TypeError(
