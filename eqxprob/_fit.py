@@ -230,8 +230,7 @@ def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable
     `losses[:n]`; `finite` is whether every parameter is finite at the end."""
 
     def fit_chunk(*flat):
-        params, opt, fixed, data, key, start, n = jtu.tree_unflatten(trees, flat)
-        keys = _split(key)
+        params, opt, fixed, data, keys, start, n = jtu.tree_unflatten(trees, flat)
 
         def blocks(carry):
             j, p, s, losses = carry
@@ -368,18 +367,10 @@ def _check_model(model: PyTree) -> None:
         )
 
 
-def _split(key: PRNGKeyArray | None) -> PRNGKeyArray | None:
-    """The call's two keys, for its minibatches and for the loss, split in the
-    compiled program (eagerly, the split would compile a program of its own:
-    the first call's compile time, `docs/performance.md`)."""
-    return None if key is None else jax.random.split(key)
-
-
-def _trace_loss(problem: _Problem, params, fixed, data, key) -> _Problem:
+def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
     """`problem` with its loss traced, the one trace of the user's loss in this
     call, checked: it must return a real scalar that reads a trainable
     parameter."""
-    keys = None if key is None else jax.eval_shape(_split, key)
     arrays = (params, fixed, data, keys, jax.ShapeDtypeStruct((), jnp.int32))
     try:
         closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
@@ -590,8 +581,12 @@ def fit(
     fresh = _init(problem.optimiser, params)
     opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
     problem = dataclasses.replace(problem, skeleton=skeleton)
-    problem = _trace_loss(problem, params, fixed, data, key)
-    args = (params, opt, fixed, data, key)
+    # The call's two keys, for its minibatches and for the loss: split eagerly
+    # (compiled once a process), not in every chunk's program (its compile:
+    # `docs/performance.md`).
+    keys = None if key is None else jax.random.split(key)
+    problem = _trace_loss(problem, params, fixed, data, keys)
+    args = (params, opt, fixed, data, keys)
     out = None
     # Under a trace (`jax.jit`, `lax.scan`, ...) even an operation on concrete
     # values gives a tracer: the steps then belong in the caller's program.
@@ -606,7 +601,7 @@ def fit(
     if out is None:  # all steps in one `lax.scan` of the caller's program; nothing
         # reaches the host (no bar, no `NonFiniteLossError`: the losses keep them)
         indices = jnp.arange(steps, dtype=jnp.int32)
-        carry, keys = (params, opt), _split(key)
+        carry = (params, opt)
         (params, opt), losses = problem.scan(carry, fixed, data, keys, start, indices)
         state = FitState(opt, jnp.int32(start + steps))
         out = eqx.combine(params, static), losses, state
