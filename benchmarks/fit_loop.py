@@ -2,9 +2,11 @@
 step, on an accelerator or the CPU.
 
 The hand-written baseline is `ep.fit`'s step written out: the same minibatch
-draws (`randint(fold_in(k, step))`), `jax.value_and_grad` and `optax.adam`, in one
-`lax.scan` of all the steps. Problems: logistic regression (D = 64, batch 4096),
-the SVGP example (M = 128, batch 1024) and the exact GP example (float32). Each
+draws (`randint(fold_in(k, step))`) and keys (`fold_in(k, step)`),
+`jax.value_and_grad` and `optax.adam`, in one `lax.scan` of all the steps.
+Problems: logistic regression (D = 64, batch 4096), mean-field VI of its weights
+(`ep.guide`, `ep.elbo`), the SVGP example (M = 128, batch 1024) and the exact GP
+example (float32). Each
 variant runs once to compile, then `--rounds` timed calls, interleaved, at
 `--steps` and twice as many; per step is the difference over the extra steps,
 the median over rounds of each round's own (as is the ratio), per call what the
@@ -21,10 +23,12 @@ Run: `python benchmarks/fit_loop.py [--small] [--rounds R] [--dynamic]`
 from __future__ import annotations
 
 import argparse
+import inspect
 import pathlib
 import sys
 import time
 
+import distrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -57,7 +61,9 @@ def hand_written(model, loss, optimiser, steps, data=None, batch_size=None, key=
                 )
                 batch = jax.tree.map(lambda d: d[index], data)
             args.append(batch)
-        return loss(*args)
+        if key is None or "key" not in inspect.signature(loss).parameters:
+            return loss(*args)
+        return loss(*args, key=jax.random.fold_in(keys[1], i))
 
     @jax.jit
     def run(params):
@@ -90,10 +96,29 @@ def logistic(n: int, d: int):
     return model, loss, (x, y)
 
 
+class Weights(eqx.Module):
+    w: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+
+
 def problems(small: bool):
     n = 20_000 if small else 1_000_000
     model, loss, data = logistic(n, 64)
     yield "logistic regression, D=64, batch 4096", model, loss, data, 4096
+
+    def negative_elbo(guide, batch, key):
+        xb, yb = batch
+        loglik = lambda m: (
+            n
+            / xb.shape[0]
+            * jnp.sum(  # noqa: E731
+                yb * (xb @ m.w) - jax.nn.softplus(xb @ m.w)
+            )
+        )
+        return -ep.elbo(guide, loglik, key)
+
+    guide = ep.guide(Weights(jnp.zeros(64)))
+    yield "mean-field VI (ep.guide, ep.elbo), D=64, batch 4096", guide, \
+        negative_elbo, data, 4096  # fmt: skip
     x, y = svgp.make_data(n, jax.random.key(1))
     m = 32 if small else 128
     yield (
@@ -136,7 +161,7 @@ def main() -> None:
     for name, model, loss, data, batch in problems(args.small):
         # (On the CPU, S steps of the hand-written loop take 1.5-3 s, so that
         # the difference of two calls is not the noise of one.)
-        small_steps = 8000 if "logistic" in name else 2000
+        small_steps = 8000 if name.startswith(("logistic", "mean-field")) else 2000
         steps = args.steps or (
             small_steps if args.small else 100 if "exact" in name else 2000
         )
