@@ -276,10 +276,6 @@ def measure(
 ) -> dict[str, tuple]:
     """name -> (ms per step, compile s, XLA compile s: min, median)."""
     first = {name: _seconds(run, steps) for name, run in variants.items()}
-    xla = {name: [] for name in COMPILED}
-    for r in range(compiles):
-        for name in COMPILED if r % 2 == 0 else COMPILED[::-1]:
-            xla[name].append(_compile_seconds(variants[name], steps))
     for run in variants.values():
         _seconds(run, 2 * steps)  # (compiles the hand-written and GPJax programs)
     times = {(name, s): [] for name in variants for s in (steps, 2 * steps)}
@@ -287,6 +283,10 @@ def measure(
         order = list(times) if r % 2 == 0 else list(times)[::-1]
         for name, s in order:
             times[name, s].append(_seconds(variants[name], s))
+    xla = {name: [] for name in COMPILED}  # (last: it clears JAX's caches)
+    for r in range(compiles):
+        for name in COMPILED if r % 2 == 0 else COMPILED[::-1]:
+            xla[name].append(_compile_seconds(variants[name], steps))
     out = {}
     for name in variants:
         short, long = min(times[name, steps]), min(times[name, 2 * steps])
@@ -304,7 +304,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="CPU sizes, few steps")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--compiles", type=int, default=5)
+    parser.add_argument("--compiles", type=int, default=3)
     parser.add_argument("--steps", type=int, help="S for every problem")
     args = parser.parse_args()
     small = args.small

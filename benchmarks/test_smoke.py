@@ -53,3 +53,12 @@ def test_peers_benchmark_prints_the_table_of_every_problem():
         if i >= 12:  # (XLA compile: hand-written, eqxprob and their ratio)
             expected = 4
         assert len(filled) == expected, row  # the problem and one cell a variant
+
+
+def test_fit_loop_benchmark_prints_a_ratio_for_every_problem():
+    """`ep.fit` against the same steps in a hand-written scan, at CPU sizes."""
+    out = _run("fit_loop.py", "--small", "--steps", "20", "--rounds", "1").stdout
+    names = ["logistic regression", "mean-field VI", "SVGP", "exact GP"]
+    rows = [line for line in out.splitlines() if line.lstrip().startswith(tuple(names))]
+    assert len(rows) == 4, out
+    assert all(row.count("(") == 1 + ("(ep.guide" in row) for row in rows), out
