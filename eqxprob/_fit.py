@@ -584,7 +584,13 @@ def fit(
     # The call's two keys, for its minibatches and for the loss: split eagerly
     # (compiled once a process), not in every chunk's program (its compile:
     # `docs/performance.md`).
-    keys = None if key is None else jax.random.split(key)
+    try:
+        keys = None if key is None else jax.random.split(key)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"fit: `key` must be one PRNG key, e.g. `jax.random.key(0)`, got "
+            f"{key!r} (JAX: {e})"
+        ) from None
     problem = _trace_loss(problem, params, fixed, data, keys)
     args = (params, opt, fixed, data, keys)
     out = None

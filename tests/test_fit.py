@@ -312,6 +312,21 @@ BAD = {
         ValueError,
         "`batch_size` needs `data`",
     ),
+    "int key": (
+        {"steps": 5, "data": DATA, "batch_size": 3, "key": 3},
+        TypeError,
+        r"`key` must be one PRNG key, e.g. `jax.random.key\(0\)`, got 3",
+    ),
+    "batch of keys": (
+        {
+            "steps": 5,
+            "data": DATA,
+            "batch_size": 3,
+            "key": jax.random.split(jax.random.key(0), 3),
+        },
+        TypeError,
+        "`key` must be one PRNG key",
+    ),
     "key without use": (
         {"steps": 5, "key": jax.random.key(0)},
         ValueError,
