@@ -18,10 +18,10 @@ Per step is the time difference between warm calls of S steps and of one step
 every call) drop out, and a variant's timed calls of S steps all run one
 program (a `jit(scan)` of S steps and one of 2S would be two); "compile" is a
 first call of S steps minus a warm one, and "XLA compile" the backend
-compilation JAX reports of the steps' program (its largest
-of a call), the min and median of `--compiles` fresh compiles (after
-`jax.clear_caches()`, interleaved) of the hand-written and eqxprob columns: a
-single compile is noisy. float32.
+compilation JAX reports of the steps' program (its largest of a call), the min
+and median of `--compiles` fresh compiles (after `jax.clear_caches()`,
+interleaved) of the hand-written and eqxprob columns: a single compile is
+noisy. float32.
 
 Run: `python benchmarks/peers.py [--small] [--rounds R] [--compiles K] [--steps S]`
 (`--small`: CPU sizes, the benchmark smoke check; `--steps`: S for every

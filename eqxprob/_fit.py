@@ -225,7 +225,7 @@ class _Problem:
 
 def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable:
     """The chunk as a function of flat arrays: `(params, opt_state, fixed,
-    data, key, start, n)` to `(params, opt_state, losses, finite)`, running
+    data, keys, start, n)` to `(params, opt_state, losses, finite)`, running
     steps `start .. start + n` (n <= capacity) and writing their losses to
     `losses[:n]`; `finite` is whether every parameter is finite at the end."""
 
@@ -287,7 +287,8 @@ def _arguments(
 ):
     """`fit`'s arguments checked, with messages that say how to fix them: the
     numbers of steps, the data (NumPy rows made JAX arrays, indexed by traced
-    minibatch indices) and the problem, yet without the model."""
+    minibatch indices), the call's two keys and the problem, yet without the
+    model."""
     steps = _positive("steps", steps)
     most = "1,000,000 (the default rarely needs changing: chunks are timed)"
     chunk_size = _positive("chunk_size", chunk_size, 1_000_000, most)
@@ -327,6 +328,16 @@ def _arguments(
     if key is not None and not needs_key:
         why = "used only for minibatches (`batch_size`) or a loss taking `key`"
         raise ValueError(f"fit: `key` is {why}; this call has neither. Drop `key`.")
+    # The call's two keys, for its minibatches and for the loss, split eagerly
+    # (compiled once a process), not in every chunk: 10 fewer kernels to
+    # compile in `benchmarks/peers.py`'s VI row (`docs/performance.md`).
+    try:
+        keys = None if key is None else jax.random.split(key)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"fit: `key` must be one PRNG key, e.g. `jax.random.key(0)`, got "
+            f"{key!r} (JAX: {e})"
+        ) from None
     call = "loss_fn(model" + (", batch" if data is not None else "")
     call += ", key=key)" if takes_key else ")"
     try:  # (a `TypeError` raised inside the loss is the user's own: not here)
@@ -341,7 +352,7 @@ def _arguments(
         ) from None
     promotion = jax.config.jax_numpy_dtype_promotion  # pyright: ignore[reportAttributeAccessIssue]
     problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key, call, promotion)
-    return steps, chunk_size, data, problem
+    return steps, chunk_size, data, keys, problem
 
 
 def _check_model(model: PyTree) -> None:
@@ -563,7 +574,7 @@ def fit(
     when that lowering is identical, constants included (see
     [the fit guide](../howto/fit.md)).
     """
-    steps, chunk_size, data, problem = _arguments(
+    steps, chunk_size, data, keys, problem = _arguments(
         loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
     )
     if steps_per_block is not None:
@@ -576,21 +587,11 @@ def fit(
             "`ep.Frozen` nodes. Python floats are static: pass `jnp.asarray(1.0)`."
         )
     fixed, skeleton = eqx.partition(static, eqx.is_array)
-    params, fixed, data, key = _sharding.place_together((params, fixed, data, key))
+    params, fixed, data, keys = _sharding.place_together((params, fixed, data, keys))
     params = _strong(params)
     fresh = _init(problem.optimiser, params)
     opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
     problem = dataclasses.replace(problem, skeleton=skeleton)
-    # The call's two keys, for its minibatches and for the loss: split eagerly
-    # (compiled once a process), not in every chunk's program (its compile:
-    # `docs/performance.md`).
-    try:
-        keys = None if key is None else jax.random.split(key)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"fit: `key` must be one PRNG key, e.g. `jax.random.key(0)`, got "
-            f"{key!r} (JAX: {e})"
-        ) from None
     problem = _trace_loss(problem, params, fixed, data, keys)
     args = (params, opt, fixed, data, keys)
     out = None
