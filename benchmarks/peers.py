@@ -16,16 +16,20 @@ Each problem is one objective, trained with adam(0.01) by each variant:
 Per step is the time difference between warm calls of S steps and of one step
 (min over interleaved rounds), so a call's own costs (for `ep.fit`, its trace at
 every call) drop out, and a variant's timed calls of S steps all run one
-program (a `jit(scan)` of S steps and one of 2S would be two); "compile" is a
+program (a `jit(scan)` of S steps and one of 2S would be two). S is large enough
+that the steps dwarf that cost (4,000 SVGP steps on the CPU; 1,024 on a GPU, a
+multiple of `ep.fit`'s blocks of 32, so that no step is discarded); numpyro
+runs at most 1,000, its steps being 10-40 times longer. "compile" is a
 first call of S steps minus a warm one, and "XLA compile" the backend
 compilation JAX reports of the steps' program (its largest of a call), the min
 and median of `--compiles` fresh compiles (after `jax.clear_caches()`,
 interleaved) of the hand-written and eqxprob columns: a single compile is
 noisy. float32.
 
-Run: `python benchmarks/peers.py [--small] [--rounds R] [--compiles K] [--steps S]`
-(`--small`: CPU sizes, the benchmark smoke check; `--steps`: S for every
-problem). GPJax comes with `pip install -e ".[bench]"`.
+Run: `python benchmarks/peers.py [--small] [--rounds R] [--compiles K] [--steps S]
+[--only TEXT]` (`--small`: CPU sizes, the benchmark smoke check; `--steps`: S for
+every problem; `--only`: the problems whose name contains TEXT). GPJax comes
+with `pip install -e ".[bench]"`.
 """
 
 from __future__ import annotations
@@ -277,10 +281,14 @@ def measure(
     variants: dict[str, Run], steps: int, rounds: int, compiles: int
 ) -> dict[str, tuple]:
     """name -> (ms per step, compile s, XLA compile s: min, median)."""
-    first = {name: _seconds(run, steps) for name, run in variants.items()}
+    # (numpyro's steps are 10-40 times the others': 1,000 dwarf its call's cost)
+    length = {
+        n: min(steps, 1000) if n.startswith("numpyro") else steps for n in variants
+    }
+    first = {name: _seconds(run, length[name]) for name, run in variants.items()}
     for run in variants.values():
         _seconds(run, 1)  # (compiles the hand-written and GPJax programs)
-    times = {(name, s): [] for name in variants for s in (1, steps)}
+    times = {(name, s): [] for name in variants for s in (1, length[name])}
     for r in range(rounds):
         order = list(times) if r % 2 == 0 else list(times)[::-1]
         for name, s in order:
@@ -291,9 +299,10 @@ def measure(
             xla[name].append(_compile_seconds(variants[name], steps))
     out = {}
     for name in variants:
-        one, call = min(times[name, 1]), min(times[name, steps])
+        s = length[name]
+        one, call = min(times[name, 1]), min(times[name, s])
         seconds = sorted(xla.get(name, [float("nan")]))
-        out[name] = (1e3 * max(call - one, 0.0) / (steps - 1), first[name] - call,
+        out[name] = (1e3 * max(call - one, 0.0) / (s - 1), first[name] - call,
                      (seconds[0], seconds[len(seconds) // 2]))  # fmt: skip
     return out
 
@@ -310,6 +319,7 @@ def main() -> None:
         "--compiles", type=int, help="fresh compiles a row (3 with --small, else 1)"
     )
     parser.add_argument("--steps", type=int, help="S for every problem")
+    parser.add_argument("--only", default="", help="problems whose name has this")
     args = parser.parse_args()
     small = args.small
     args.compiles = args.compiles or (3 if small else 1)  # (a GPU compile: seconds)
@@ -318,20 +328,23 @@ def main() -> None:
         (128, 1024), (512, 1024), (128, 8192)]  # fmt: skip
     problems = [
         (f"SVGP, N = {big:,}, M = {m}, batch {b}", lambda m=m, b=b: svgp_variants(
-            big, m, b), 20 if small else 1000)
+            big, m, b), 4000 if small else 1024)
         for m, b in svgp_sizes
     ]  # fmt: skip
     for n in (128, 256) if small else (4096, 16384):
-        steps = 10 if small else (50 if n <= 4096 else 10)
+        steps = (1000 if n <= 128 else 400) if small else (50 if n <= 4096 else 10)
         problems.append((f"exact GP, n = {n}", lambda n=n: gp_variants(n), steps))
     d, b = (64, 1024) if small else (64, 4096)
     problems.append((
         f"mean-field VI, logistic regression, N = {big:,}, D = {d}, batch {b}",
-        lambda: vi_variants(big, d, b), 20 if small else 1000,
+        lambda: vi_variants(big, d, b), 16_000 if small else 1024,
     ))  # fmt: skip
-    rows, compile_rows, xla_rows = [], [], []
+    rows, compile_rows, xla_rows, lengths = [], [], [], []
     for name, make, steps in problems:
+        if args.only not in name:
+            continue
         steps = args.steps or steps
+        lengths.append(str(steps))
         result = measure(make(), steps, args.rounds, args.compiles)
         hand = result["hand-written"][0]
         cells = [
@@ -360,7 +373,7 @@ def main() -> None:
     print(
         f"ms per step (ratio to hand-written), float32, jax {jax.__version__}, "
         f"{device.platform} {device.device_kind}; S steps less one step, min of "
-        f"{args.rounds} rounds"
+        f"{args.rounds} rounds; S = {', '.join(lengths)}"
     )
     print(table(["problem", *COLUMNS], rows))
     print("\ncompile s (a first call minus a warm one)")

@@ -42,7 +42,9 @@ def test_fit_overhead_benchmark_prints_every_row():
 def test_peers_benchmark_prints_the_table_of_every_problem():
     """The table of issue #28 at CPU sizes: a time for each variant whose
     library is installed (GPJax and numpyro come with the test extra)."""
-    out = _run("peers.py", "--small", "--rounds", "2", "--compiles", "1").stdout
+    out = _run(
+        "peers.py", "--small", "--steps", "20", "--rounds", "2", "--compiles", "1"
+    ).stdout
     rows = [line for line in out.splitlines() if line.lstrip().startswith(("SVGP",
             "exact GP", "mean-field VI"))]  # fmt: skip
     assert len(rows) == 18, out  # 6 problems: ms per step, compile s, XLA compile s
