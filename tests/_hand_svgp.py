@@ -39,8 +39,8 @@ def loss(m: int, rows: int, t: np.ndarray, w: np.ndarray, jitter: float = 1e-6
         )
 
         def k(a, b):
-            sq = jnp.sum((a[:, None] - b[None]) ** 2, -1)
-            return var * jnp.exp(-0.5 * sq / ls**2)
+            a, b = a / ls, b / ls
+            return var * jnp.exp(-0.5 * jnp.sum((a[:, None] - b[None]) ** 2, -1))
 
         lz = jnp.linalg.cholesky(k(p["z"], p["z"]) + jitter * jnp.eye(m))
         a = jax.scipy.linalg.solve_triangular(lz, k(p["z"], x), lower=True)
