@@ -19,7 +19,7 @@ every call) drop out, and a variant's timed calls of S steps all run one
 program (a `jit(scan)` of S steps and one of 2S would be two). S is large enough
 that the steps dwarf that cost (4,000 SVGP steps on the CPU; 1,024 on a GPU, a
 multiple of `ep.fit`'s blocks of 32, so that no step is discarded); numpyro
-runs at most 1,000, its steps being 10-40 times longer. "compile" is a
+runs at most 1,000, its steps being 10-50 times longer. "compile" is a
 first call of S steps minus a warm one, and "XLA compile" the backend
 compilation JAX reports of the steps' program (its largest of a call), the min
 and median of `--compiles` fresh compiles (after `jax.clear_caches()`,
@@ -281,7 +281,7 @@ def measure(
     variants: dict[str, Run], steps: int, rounds: int, compiles: int
 ) -> dict[str, tuple]:
     """name -> (ms per step, compile s, XLA compile s: min, median)."""
-    # (numpyro's steps are 10-40 times the others': 1,000 dwarf its call's cost)
+    # (numpyro's steps are 10-50 times the others': 1,000 dwarf its call's cost)
     length = {
         n: min(steps, 1000) if n.startswith("numpyro") else steps for n in variants
     }

@@ -327,6 +327,19 @@ BAD = {
         TypeError,
         "`key` must be one PRNG key",
     ),
+    **{
+        f"{kind} key": (
+            {"steps": 5, "data": DATA, "batch_size": 3, "key": bad},
+            TypeError,
+            "`key` must be one PRNG key",
+        )
+        for kind, bad in [
+            ("float", jnp.array([0.0, 1.0])),  # (a raw key's shape, not its dtype)
+            ("NaN", jnp.array(jnp.nan)),
+            ("empty", jnp.zeros((0,), jnp.uint32)),
+            ("str", "0"),
+        ]
+    },
     "key without use": (
         {"steps": 5, "key": jax.random.key(0)},
         ValueError,
