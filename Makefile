@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # newer pyright (a network call).
 PYRIGHT := PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
-.PHONY: demo test test-slow bench-smoke smoke-lowest peer lint format bench docs clean
+.PHONY: demo test test-slow bench-smoke smoke-lowest peer lint format bench gpu-kernels docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,13 +64,26 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format .
 
 bench: $(VENV)/.installed-bench
-	for f in benchmarks/[!_]*.py; do $(BIN)/python $$f || exit 1; done
+	for f in benchmarks/[!_]*.py; do \
+		[ $$f = benchmarks/gpu_kernels.py ] || $(BIN)/python $$f || exit 1; done
+
+# Kernels per step of benchmarks/peers.py's programs on an NVIDIA H100, compiled
+# without one (benchmarks/gpu_kernels.py). A venv of its own, .venv-gpu, holds the
+# CUDA plugin matching its jaxlib and NVIDIA's ptxas (about 450 MB), so that the
+# plugin never loads in `make test`.
+GPU_VENV := .venv-gpu
+gpu-kernels:
+	[ -x $(GPU_VENV)/bin/python ] || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[bench,numpyro]"
+	$(GPU_VENV)/bin/python -m pip install --quiet "nvidia-cuda-nvcc>=13.0.48,<14" \
+		"jax-cuda13-plugin==$$($(GPU_VENV)/bin/python -c 'import jaxlib; print(jaxlib.__version__)')"
+	JAX_PLATFORMS=cpu $(GPU_VENV)/bin/python benchmarks/gpu_kernels.py
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(GPU_VENV) site .pytest_cache .ruff_cache
 
 # numpyro's and distrax's own test files (downloaded at run time), run raw and with
 # the class under test wrapped; prints a table (peer/run.py). Not part of make test.
