@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import importlib.metadata
 import os
 import re
+import sys
 import time
 
 
@@ -152,6 +154,13 @@ def main() -> None:
     parser.add_argument("--only", default="", help="problems whose name has this")
     parser.add_argument("--compiles", type=int, default=3, help="fresh compiles a row")
     args = parser.parse_args()
+    try:
+        importlib.metadata.version("jax-cuda13-plugin")
+    except importlib.metadata.PackageNotFoundError:
+        sys.exit(
+            "gpu_kernels.py compiles for a GPU through JAX's CUDA plugin, which this "
+            "Python lacks: run `make gpu-kernels` (a venv of its own, .venv-gpu)."
+        )
     rows = []
     for name, make, steps in peers.problems(small=False):
         if args.only not in name:
