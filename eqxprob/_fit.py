@@ -67,7 +67,10 @@ class NonFiniteLossError(FloatingPointError):
 
     - `step`: the (0-based) step of this call whose loss or gradient was not
       finite. A non-finite gradient is seen as non-finite parameters after its
-      update, so an optimiser that repairs it (`optax.zero_nans()`) trains on.
+      update, so an optimiser that repairs it (`optax.zero_nans()`) trains on,
+      and one that applies gradients later (`optax.MultiSteps`) shows it at the
+      step that applies it (its state, which holds it until then, is not
+      checked).
     - `model`: the model at the start of that step.
     - `losses`: the losses of steps `0 .. step`.
 
@@ -215,9 +218,9 @@ class _Problem:
 
         def body(carry, i):
             p, s, value = self.step(carry[0], carry[1], fixed, data, keys, start + i)
-            if n is not None:
+            if n is not None:  # (a discarded step leaves nothing, its loss no NaN)
                 pick = lambda new, old: jnp.where(i < n, new, old)
-                p, s = jtu.tree_map(pick, (p, s), carry)
+                p, s, value = jtu.tree_map(pick, (p, s, value), (*carry, 0.0))
             return (p, s), value
 
         return jax.lax.scan(body, carry, indices)
@@ -269,7 +272,10 @@ def _optimiser(optimiser: Any) -> optax.GradientTransformation:
     if isinstance(optimiser, optax.GradientTransformation):
         return optimiser
     if isinstance(optimiser, optax.MultiSteps):
-        return optimiser.gradient_transformation()
+        # (Its `update` passes `value=`, `grad=`, `value_fn=` on to the inner
+        # optimiser; `gradient_transformation()`'s would be dropped.)
+        update: Any = optimiser.update
+        return optax.GradientTransformationExtraArgs(optimiser.init, update)
     if callable(optimiser) and not hasattr(optimiser, "update"):
         name = getattr(optimiser, "__name__", repr(optimiser))
         raise TypeError(
@@ -552,7 +558,9 @@ def fit(
     last finite model; `TypeError`/`ValueError` naming the argument and the fix
     for a model with nothing to train, constrained fields holding raw arrays
     (call `ep.parameterize` first), a raw distrax/TFP/numpyro object in the
-    model, a loss that returns no real scalar or reads no parameter, and the like.
+    model, a loss that returns no real scalar or reads no parameter, trainable
+    parameters that are not finite at the start, a `state.step` plus `steps`
+    past 2**31 - 1, and the like.
 
     **Example:**
 
@@ -591,6 +599,12 @@ def fit(
     params = _strong(params)
     fresh = _init(problem.optimiser, params)
     opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
+    if not isinstance(start, jax.core.Tracer) and int(start) + steps > 2**31 - 1:
+        raise ValueError(
+            f"fit: `state.step` ({int(start)}) plus `steps` ({steps}) is more than "
+            "2**31 - 1, the most steps a fit counts (its batches and keys are "
+            "drawn by int32 step number). Start afresh: `ep.FitState.init`."
+        )
     problem = dataclasses.replace(problem, skeleton=skeleton)
     problem = _trace_loss(problem, params, fixed, data, keys)
     args = (params, opt, fixed, data, keys)
@@ -613,6 +627,19 @@ def fit(
         state = FitState(opt, jnp.int32(start + steps))
         out = eqx.combine(params, static), losses, state
     return out if return_state else out[:2]
+
+
+def _check_finite(params: PyTree, step: int) -> None:
+    """Raise, naming them, if trainable parameters are not finite before `step`
+    (a fit could only stop at once: the fault is in the model given)."""
+    leaves = jtu.tree_flatten_with_path(params)[0]
+    bad = [jtu.keystr(k) for k, x in leaves if not jnp.all(jnp.isfinite(x))]
+    if bad:
+        raise ValueError(
+            f"fit: the trainable parameter(s) {', '.join(bad)} of the model are not "
+            f"finite before step {step}. Start them finite, or keep them out of "
+            "training (`ep.field(trainable=False)`, or a static field)."
+        )
 
 
 def _run(problem, model, static, args, start, steps, chunk_size, progress, block):
@@ -660,6 +687,7 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress, block
                     replay = done + n
                     continue
                 params, _ = jtu.tree_unflatten(state_tree, flat[:n_state])
+                _check_finite(params, done)
                 raise NonFiniteLossError(
                     f"fit: the loss or its gradient is not finite at step {done} "
                     f"(loss = {float(chunk[0])}); `error.model` holds the last finite "

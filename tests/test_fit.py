@@ -3,6 +3,7 @@
 import concurrent.futures
 import functools
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -549,6 +550,83 @@ def test_a_library_object_reached_by_two_functions_trains_what_both_read():
         x, _ = ep.fit(jnp.zeros(()), loss, optimiser=optax.sgd(0.1), steps=200,
                       progress=False)  # fmt: skip
         assert jnp.allclose(x, target, atol=1e-3)
+
+
+@pytest.mark.standard_promotion("the hand-written reference runs optax directly")
+@pytest.mark.parametrize("inner", ["lbfgs", "reduce_on_plateau"])
+def test_multisteps_passes_the_loss_on_to_an_optimiser_that_needs_it(inner):
+    """`optax.MultiSteps` around an optimiser that takes `value=`, `grad=` and
+    `value_fn=` trains as a hand-written loop passing them to its `update` (the
+    red team: it failed with optax's missing-argument TypeError)."""
+    loss = lambda x: jnp.sum((x - 3.0) ** 2) + jnp.sum(jnp.cosh(0.3 * x))
+    inner_opt = {
+        "lbfgs": optax.lbfgs(),
+        "reduce_on_plateau": optax.chain(
+            optax.adam(0.3), optax.contrib.reduce_on_plateau()
+        ),
+    }[inner]
+    multi = optax.MultiSteps(inner_opt, every_k_schedule=2)
+    x, state, hand = jnp.zeros(2), multi.init(jnp.zeros(2)), []
+    for _ in range(6):
+        value, grad = jax.value_and_grad(loss)(x)
+        updates, state = multi.update(
+            grad, state, x, value=value, grad=grad, value_fn=loss
+        )
+        x = optax.apply_updates(x, updates)
+        hand.append(value)
+    got, losses = ep.fit(jnp.zeros(2), loss, optimiser=multi, steps=6, progress=False)
+    np.testing.assert_allclose(np.asarray(losses), np.asarray(hand), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(x), rtol=1e-5)
+    assert not np.allclose(np.asarray(got), 0.0)
+
+
+@pytest.mark.parametrize("steps_per_block", [1, 4])
+def test_steps_discarded_at_the_end_of_a_block_leave_no_nan(steps_per_block):
+    """Under `jax_debug_nans` a fit whose steps are all finite runs, though the
+    steps its last block computes and discards (past `steps`) meet a NaN loss
+    (the red team: a FloatingPointError from the discarded losses)."""
+    loss = lambda x: jnp.where(x > 0, x, jnp.nan)  # finite until x < 0
+    with jax.debug_nans(True):
+        x, losses = ep.fit(
+            jnp.array(1.05), loss, optimiser=optax.sgd(0.1), steps=11,
+            progress=False, steps_per_block=steps_per_block,
+        )  # fmt: skip
+    np.testing.assert_allclose(float(x), 1.05 - 1.1, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(losses), 1.05 - 0.1 * np.arange(11), 1e-5)
+
+
+@pytest.mark.parametrize(
+    "model, path",
+    [
+        ({"a": jnp.array(0.5), "cap": jnp.array(jnp.inf)}, "['cap']"),
+        ({"a": jnp.array([0.5, jnp.nan]), "b": jnp.array(1.0)}, "['a']"),
+        ([jnp.array(-jnp.inf), jnp.array([1.0, jnp.inf])], "[0], [1]"),
+    ],
+)
+def test_a_non_finite_trainable_parameter_at_the_start_is_named(model, path):
+    """A model that starts with a non-finite trainable parameter is refused with
+    its path, not as a loss that went non-finite (the red team: the loss and
+    gradient were finite, and `error.model` was not)."""
+    loss = lambda m: jnp.sum(
+        jnp.concatenate([jnp.minimum(v, 10.0).ravel() for v in jax.tree.leaves(m)])
+    )
+    with pytest.raises(ValueError, match=re.escape(f"parameter(s) {path} of the")):
+        ep.fit(model, loss, optimiser=optax.adam(0.1), steps=5, progress=False)
+
+
+def test_a_step_count_past_int32_is_refused_before_any_step():
+    """`state.step + steps` beyond 2**31 - 1 (the int32 step numbers that draw
+    batches and keys) is an error up front, not an overflow after the steps
+    (eagerly) or a wrapped step count (under `jax.jit`)."""
+    square = lambda x: jnp.sum((x - 3.0) ** 2)
+    opt = optax.adam(0.1)
+    state = ep.FitState.init(jnp.zeros(2), opt)
+    state = eqx.tree_at(lambda s: s.step, state, jnp.int32(2**31 - 5))
+    fit = functools.partial(ep.fit, optimiser=opt, progress=False, state=state)
+    x, _ = fit(jnp.zeros(2), square, steps=4)  # (2**31 - 1: the last)
+    assert np.all(np.isfinite(np.asarray(x)))
+    with pytest.raises(ValueError, match=r"plus `steps` \(5\) is more than 2\*\*31"):
+        fit(jnp.zeros(2), square, steps=5)
 
 
 def test_a_finite_fit_runs_under_jax_debug_nans():
