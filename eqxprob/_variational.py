@@ -208,6 +208,25 @@ def _gaussian_prior(prior: Any, transform: Any) -> tuple | None:
         return None
 
 
+def _check_unconstrained(label: str, prior: Any, value: Array) -> None:
+    """Raise if `prior` gives -inf on the real line that an unconstrained
+    parameter's samples range over: probed either side of its value, beyond."""
+    if _errors.is_traced(value):
+        return
+    if jnp.finfo(value.dtype).bits < 32:  # (half precision: probed in float32)
+        value = value.astype(jnp.float32)
+    for probe in (value - jnp.abs(value) - 1, value + jnp.abs(value) + 1):
+        lp = _metadata.score_prior(label, prior, probe)
+        if not _errors.is_traced(lp) and not bool(jnp.isfinite(lp)):
+            raise ValueError(
+                f"guide: `{label}` has no constraint, so the guide's samples of it "
+                f"range over the real line, but its prior {type(prior).__name__} is "
+                f"-inf on part of it (at {probe}). Give the field the constraint of "
+                "the prior's support, e.g. `ep.field(constraint=ep.constraints."
+                "positive, prior=...)`."
+            )
+
+
 def guide(
     model: PyTree,
     family: Literal["mean_field", "full_rank", "low_rank"] = "mean_field",
@@ -228,8 +247,10 @@ def guide(
 
     **Raises:**
 
-    `ValueError` if no parameter has a prior, or a parameter is outside its
-    constraint; `TypeError` for an unknown family.
+    `ValueError` if no parameter has a prior, a parameter is outside its
+    constraint or its prior's support, or a field without a constraint has a
+    prior that is `-inf` on part of the real line (give it the constraint of the
+    prior's support); `TypeError` for an unknown family.
 
     **Example:**
 
@@ -302,6 +323,8 @@ def guide(
                     f"prior {type(prior).__name__} (log prior {start_lp}). Start it "
                     "inside, with the matching constraint so that samples stay inside."
                 )
+            if spec is not None and isinstance(spec.transform(), _transforms.Identity):
+                _check_unconstrained(label, prior, value)
             pieces.append(jnp.ravel(value))
             leaves.append(_Slot(value.shape, value.dtype))
         else:
@@ -400,6 +423,10 @@ def elbo(
     def one(u: Array) -> Array:
         model = guide._assemble(u)
         ll = log_likelihood(model)
+        if ll is None or jnp.iscomplexobj(ll) or jnp.result_type(ll) == jnp.bool_:
+            raise TypeError(
+                f"elbo: `log_likelihood(model)` must return a real scalar, got {ll!r}."
+            )
         if jnp.shape(ll) != ():
             raise TypeError(
                 f"elbo: `log_likelihood(model)` must return a scalar, got shape "

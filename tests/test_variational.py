@@ -339,6 +339,22 @@ BAD = {
         TypeError,
         "must return a scalar",
     ),
+    **{
+        f"{kind} likelihood": (
+            lambda value=value: ep.elbo(
+                ep.guide(Regression(jnp.zeros(2))),
+                lambda m: value(m),  # pyright: ignore[reportArgumentType]
+                jax.random.key(0),
+            ),
+            TypeError,
+            "must return a real scalar",
+        )
+        for kind, value in [
+            ("None", lambda m: None),
+            ("complex", lambda m: jax.lax.complex(jnp.sum(m.w), jnp.sum(m.w))),
+            ("bool", lambda m: jnp.sum(m.w) > 0),
+        ]
+    },
 }
 
 
@@ -347,6 +363,44 @@ def test_bad_inputs(name):
     make, error, match = BAD[name]
     with jax.enable_x64(True), pytest.raises(error, match=match):
         make()
+
+
+@pytest.mark.parametrize(
+    "prior",
+    [distrax.Gamma(2.0, 1.0), distrax.Beta(2.0, 2.0), distrax.Uniform(0.0, 1.0)],
+    ids=["Gamma", "Beta", "Uniform"],
+)
+def test_a_prior_narrower_than_an_unconstrained_field_is_refused(prior):
+    """A field without a constraint whose prior is -inf on part of the real line
+    is refused: the guide's samples would leave the support, and such draws give
+    an ELBO of -inf with a zero gradient (the red team: accepted silently)."""
+
+    class R(eqx.Module):
+        x: jax.Array = ep.field(prior=prior)
+
+    with pytest.raises(ValueError, match=r"`x` has no constraint.*prior's support"):
+        ep.guide(R(jnp.array([0.3, 0.6])))
+
+
+def test_real_line_priors_and_constrained_fields_give_finite_elbos():
+    """The other side of the check: priors on the real line for unconstrained
+    fields, and narrower ones for fields constrained to their support, build a
+    guide whose ELBO is finite at every draw, even with wide draws."""
+
+    class M(eqx.Module):
+        a: jax.Array = ep.field(prior=distrax.Normal(0.0, 1.0))
+        b: jax.Array = ep.field(prior=distrax.Laplace(0.0, 1.0))
+        c: jax.Array = ep.field(
+            constraint=ep.constraints.positive, prior=distrax.Gamma(2.0, 1.0)
+        )
+        d: jax.Array = ep.field(
+            constraint=ep.constraints.unit_interval, prior=distrax.Beta(2.0, 2.0)
+        )
+
+    model = M(jnp.array(50.0), jnp.array(-3.0), jnp.array(0.5), jnp.array(0.5))
+    q = ep.guide(model, init_scale=3.0)
+    values = [ep.elbo(q, lambda m: jnp.zeros(()), jax.random.key(i)) for i in range(20)]
+    assert np.all(np.isfinite(np.asarray(values)))
 
 
 def test_guide_checks_found_by_the_red_team():
