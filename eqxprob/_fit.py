@@ -35,7 +35,7 @@ from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from . import _programs, _sharding
 from ._families import family_of_instance, is_raw
-from ._metadata import unparameterized
+from ._metadata import label_of, unparameterized
 from ._parameter import trainable
 
 
@@ -367,7 +367,7 @@ def _check_model(model: PyTree) -> None:
     constrained fields holding raw arrays."""
     for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]:
         if is_raw(x) and getattr(family_of_instance(x), "name", None) != "numpyro":
-            name, at = type(x).__name__, jtu.keystr(path).lstrip(".") or "(root)"
+            name, at = type(x).__name__, label_of(path)
             raise TypeError(
                 f"fit: the model holds a raw {name} at `{at}`, whose arrays JAX cannot "
                 f"differentiate. Wrap it: `ep.FixedDistrax({name}, ...)`."
@@ -599,9 +599,12 @@ def fit(
     params = _strong(params)
     fresh = _init(problem.optimiser, params)
     opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
-    if not isinstance(start, jax.core.Tracer) and int(start) + steps > 2**31 - 1:
+    if (
+        not isinstance(start, jax.core.Tracer)
+        and (first := int(start)) + steps >= 2**31
+    ):
         raise ValueError(
-            f"fit: `state.step` ({int(start)}) plus `steps` ({steps}) is more than "
+            f"fit: `state.step` ({first}) plus `steps` ({steps}) is more than "
             "2**31 - 1, the most steps a fit counts (its batches and keys are "
             "drawn by int32 step number). Start afresh: `ep.FitState.init`."
         )
@@ -633,7 +636,7 @@ def _check_finite(params: PyTree, step: int) -> None:
     """Raise, naming them, if trainable parameters are not finite before `step`
     (a fit could only stop at once: the fault is in the model given)."""
     leaves = jtu.tree_flatten_with_path(params)[0]
-    bad = [jtu.keystr(k) for k, x in leaves if not jnp.all(jnp.isfinite(x))]
+    bad = [label_of(k) for k, x in leaves if not jnp.all(jnp.isfinite(x))]
     if bad:
         raise ValueError(
             f"fit: the trainable parameter(s) {', '.join(bad)} of the model are not "
