@@ -13,11 +13,7 @@ out. Per step and the ratio are medians over rounds of each round's own (in
 brackets the ratio of the fastest calls); the whole call ratio is of the
 fastest calls, the call's own cost included.
 
-`--dynamic` runs `ep.fit` with one step per block (`steps_per_block=1`, a
-dynamic trip count, as on the CPU), to measure what the static blocks of 32
-steps save on an accelerator.
-
-Run: `python benchmarks/fit_loop.py [--small] [--rounds R] [--dynamic]`
+Run: `python benchmarks/fit_loop.py [--small] [--rounds R]`
 """
 
 from __future__ import annotations
@@ -151,12 +147,6 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="CPU-sized problems")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument(
-        "--dynamic",
-        action="store_true",
-        help="ep.fit with one step per block (a dynamic trip count), to measure "
-        "what the static blocks save on an accelerator",
-    )
     args = parser.parse_args()
     rows = []
     for name, model, loss, data, batch in problems(args.small):
@@ -170,8 +160,6 @@ def main() -> None:
         key = None if data is None else jax.random.key(2)
         optimiser = optax.adam(0.01)
         fit_kw = dict(optimiser=optimiser, progress=False, key=key, **kw)
-        if args.dynamic:
-            fit_kw["steps_per_block"] = 1
         sides = {
             "hand": hand_written(model, loss, optimiser, steps, key=key, **kw),
             "fit": functools.partial(ep.fit, model, loss, steps=steps, **fit_kw),

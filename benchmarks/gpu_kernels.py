@@ -11,10 +11,11 @@ kernel launches, so a variant with more kernels per step is slower there; the
 count is deterministic, so it can be compared where no GPU is lent. Nothing is
 timed on a GPU: `peers.py` on a GPU is the measurement, this the proxy.
 
-`ep.fit` lowers and compiles its chunk of steps in `eqxprob._programs.program`;
+`ep.fit` lowers and compiles its chunks of steps in `eqxprob._programs.program`;
 this script replaces that one function to capture the chunk and its inputs, and
-compiles the same function on the same inputs' shapes (the only private name it
-uses). The other variants are traced whole (`jax.make_jaxpr`) and compiled with
+compiles the chunk of the call's steps after its first four on the same inputs'
+shapes, its constants split as `_programs.hoisted` splits them (the private
+names it uses). The other variants are traced whole (`jax.make_jaxpr`) and compiled with
 their arrays as inputs (what a jitted function closes over stays a constant, as
 in a real run).
 
@@ -64,7 +65,6 @@ runtime_version { major: 13 minor: 0 patch: 0 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 NOT_KERNELS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast"}
-BLOCK = 32  # (`ep.fit`'s steps per block on an accelerator)
 
 
 @functools.cache
@@ -87,28 +87,29 @@ class _Captured(Exception):
 
 
 def _fit_chunk(run: peers.Run, steps: int) -> jax.stages.Lowered:
-    """The chunk `ep.fit` would compile for `run(steps)`, lowered for the GPU."""
+    """The chunk `ep.fit` would compile for the most steps of `run(steps)`: its
+    first four steps are two chunks of two, the rest one chunk on a GPU (a step
+    takes well under 1/2048 s there), lowered for the GPU as `ep.fit` compiles
+    it (the large constants as inputs, `eqxprob._programs`)."""
     captured = {}
 
-    def capture(fn, args, options=None):
-        captured.update(fn=fn, args=args, options=options)
+    def capture(fn, args):
+        captured.update(fn=fn, args=args)
         raise _Captured
 
-    # (What `ep.fit` does on an accelerator, its docstring says: 32 steps a block
-    # for a call of at least 1,000 steps, else 1.)
-    block = BLOCK if steps >= 1000 else 1
     original, eqxprob._programs.program = eqxprob._programs.program, capture
-    fit, peers._fit = peers._fit, lambda *a, **kw: fit(*a, steps_per_block=block, **kw)
     try:
         run(steps)
     except _Captured:
         pass
     finally:
-        eqxprob._programs.program, peers._fit = original, fit
-    jitted = jax.jit(
-        captured["fn"], keep_unused=True, compiler_options=captured["options"]
+        eqxprob._programs.program = original
+    rest = functools.partial(captured["fn"], length=steps - 4)
+    closed = jax.make_jaxpr(rest)(*captured["args"])
+    evaluate, given = eqxprob._programs.hoisted(closed)
+    return jax.jit(evaluate).lower(
+        list(map(_gpu, given)), list(map(_gpu, captured["args"]))
     )
-    return jitted.lower(*map(_gpu, captured["args"]))
 
 
 def _traced(run: peers.Run, steps: int) -> jax.stages.Lowered:
@@ -173,8 +174,10 @@ def main() -> None:
         for r in range(args.compiles):
             for variant in list(runs) if r % 2 == 0 else list(runs)[::-1]:
                 jax.clear_caches()  # (else JAX returns the program compiled before)
-                lower = _fit_chunk if variant == "eqxprob" else _traced
-                lowered = lower(runs[variant], steps)
+                if variant == "eqxprob":
+                    lowered = _fit_chunk(runs[variant], steps)
+                else:
+                    lowered = _traced(runs[variant], steps)
                 start = time.perf_counter()
                 texts[variant] = lowered.compile().as_text()
                 seconds[variant].append(time.perf_counter() - start)
@@ -187,7 +190,7 @@ def main() -> None:
         print(f"  done: {name}", flush=True)
     print(
         f"Kernels per step on an NVIDIA H100 (compiled without one), float32, "
-        f"jax {jax.__version__}; ep.fit's blocks of {BLOCK} steps (1 under 1,000); "
+        f"jax {jax.__version__}; ep.fit's chunk of the steps after its first four; "
         f"XLA compile: min of {args.compiles} on this host"
     )
     header = ["problem", "variant", "kernels", "of which", "step loop trips",

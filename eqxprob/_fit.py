@@ -1,26 +1,36 @@
 """`fit`: minimise a loss over a model's trainable parameters with optax.
 
 Its one idea: a training loop that trains what the code says now. Each call
-traces the user's loss once, checks that trace, and runs pure steps (one
-optimiser update, its batch and key from the global step number) in compiled
-chunks: blocks of steps in a `lax.scan`, so the step loop's trip count is
-static, inside a `while_loop` over the blocks. `_programs` reuses a compiled
-chunk only for an identical lowering. Between chunks `fit` shows progress,
-stops on Ctrl-C, and runs a chunk that went non-finite again one step at a time
-to find its step. Under a JAX transformation the steps are one `lax.scan` in
-the caller's program instead.
+traces the user's loss once and runs pure steps (one optimiser update, its
+batch and key from the global step number) in compiled chunks, each a
+`lax.scan` of a length fixed when it compiles: the steps as written, and once a
+chunk whether every loss and the parameters are finite. A chunk that is not
+runs again from its start, checked: its carry keeps the first step that is not
+finite and the parameters before it (a check in every step of every chunk cost
+the VI step 5 more kernels on a GPU, `docs/performance.md`). `_programs` reuses
+a compiled chunk only for an identical lowering. Between chunks `fit` shows
+progress and stops on Ctrl-C. Under a JAX transformation the steps are one
+`lax.scan` in the caller's program instead.
+
+The chunks of a call: two steps, two more (whose time sets the length `L` of
+the chunks that follow: the largest power of two of at most half a second,
+remembered with the program of two steps), chunks of `L`, then the rest. A call
+with a new `steps` therefore compiles at most one new program, the rest. No
+chunk holds one step (a fit of one step aside): XLA compiles a loop of one step
+without its loop, which can round differently, so a resumed fit would not be
+one long fit bit for bit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import difflib
 import inspect
 import numbers
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -39,25 +49,16 @@ from ._metadata import label_of, unparameterized
 from ._parameter import trainable
 
 
-# XLA hoists loop-invariant work out of a loop of unknown trip count, as the
-# chunk's is, but not out of a `lax.scan`'s: the hoisted values, carried through
-# the loop, added a quarter to the exact GP example's compile (XLA's own compile
-# events, `benchmarks/peers.py`) and saved no step time. Compiled as a scan is.
-_CHUNK_OPTIONS = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
-
-
-def _block(leaves: list, steps: int, steps_per_block: int | None) -> int:
-    """Steps per block, the step loop's static trip count: `steps_per_block`, or
-    by default 32 on an accelerator for a call of at least 1,000 steps, else 1.
-    An accelerator reads a dynamic loop's predicate on the host, once a step; a
-    block pays that round trip once, but the last block of a call computes up
-    to 31 steps it discards (at most 3% here). XLA:CPU runs on the host, where
-    one step per block is fastest (measured: `docs/performance.md`)."""
-    if steps_per_block is not None:
-        return steps_per_block
-    devices = (next(iter(x.devices())) for x in leaves if isinstance(x, jax.Array))
-    platform = next((d.platform for d in devices), jax.default_backend())
-    return 1 if platform == "cpu" or steps < 1000 else 32
+_SECONDS = 0.5  # the most work a chunk of `L` steps holds, as timed
+# Keywords that other libraries spell differently, and what `fit` takes.
+_ALIASES = {
+    "optimizer": "`optimiser=` (British spelling)",
+    "opt": "`optimiser=`",
+    "lr": "`optimiser=optax.adam(lr)` (the learning rate is the optimiser's)",
+    "learning_rate": "`optimiser=optax.adam(learning_rate)`",
+    "num_iters": "`steps=`",
+    "steps_per_block": "nothing: chunks are `lax.scan`s of a length set by timing",
+}
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -91,9 +92,7 @@ class NonFiniteLossError(FloatingPointError):
 
     def __init__(self, message: str, step: int, model: Any, losses: Array):
         super().__init__(message)
-        self.step = step
-        self.model = model
-        self.losses = losses
+        self.step, self.model, self.losses = step, model, losses
 
 
 class FitState(eqx.Module):
@@ -152,10 +151,6 @@ def _strong(tree: PyTree) -> PyTree:
     return jtu.tree_map(leaf, tree)
 
 
-def _aval(x: Any) -> tuple:
-    return tuple(x.shape), x.dtype
-
-
 @dataclasses.dataclass(frozen=True)
 class _Problem:
     """What a step reads besides the arrays: the loss, the optimiser, the
@@ -169,35 +164,33 @@ class _Problem:
     call: str  # how `fit` calls the loss, for messages
     promotion: str  # the dtype promotion in force where `fit` was called
     skeleton: PyTree = None
-    # The loss's one trace in this call (`_trace_loss`), a closed jaxpr of
-    # `value`'s arrays (its constants may be an outer transformation's tracers).
-    # The steps evaluate it rather than tracing the user's code again, which
-    # could read other state (a random draw, say).
+    # The loss's one trace in this call (`_trace`): a closed jaxpr of `loss_of`'s
+    # arrays, which the steps evaluate rather than the user's code, which could
+    # read other state if traced again (a random draw, say).
     traced: Any = None
-    avals: tuple = ()  # (shape, dtype) of each of the traced jaxpr's inputs
 
-    def value(self, params, fixed, data, keys, step):
-        """The loss of global step `step` at the trainable `params`."""
-        leaves = jtu.tree_leaves((params, fixed, data, keys, step))
-        if tuple(map(_aval, leaves)) == self.avals:
-            return jex.jaxpr_as_fun(self.traced)(*leaves)[0]
-        # (Not the traced inputs: a line search's trial parameters, promoted by
-        # `params + stepsize * updates`. The loss, traced again, as optax does.)
+    def loss_of(self, params, fixed, data, keys, step):
+        """The user's loss of global step `step`, its batch and key drawn."""
         args: list[Any] = [eqx.combine(params, fixed, self.skeleton)]
-        if data is not None:
-            if self.batch_size is not None:
-                index = jax.random.randint(
-                    jax.random.fold_in(keys[0], step), (self.batch_size,), 0, self.rows
-                )
-                data = jtu.tree_map(lambda d: _sharding.rows(d, index), data)
-            args.append(data)
+        if self.batch_size is not None:
+            index = jax.random.fold_in(keys[0], step)
+            index = jax.random.randint(index, (self.batch_size,), 0, self.rows)
+            data = jtu.tree_map(lambda d: _sharding.rows(d, index), data)
+        args += [] if data is None else [data]
         kwargs = {"key": jax.random.fold_in(keys[1], step)} if self.takes_key else {}
         with jax.numpy_dtype_promotion(self.promotion):
             return self.loss(*args, **kwargs)
 
     def step(self, params, opt_state, fixed, data, keys, step):
         """One update: `(params, opt_state, loss)` after global step `step`."""
-        loss = lambda p: self.value(p, fixed, data, keys, step)
+
+        def loss(p):  # (the one trace, in its dtypes: a line search's trial
+            # parameters come promoted by `params + stepsize * updates`)
+            xs = jtu.tree_leaves((p, fixed, data, keys, step))
+            cast = zip(xs, self.traced.in_avals)
+            xs = [x if x.dtype == a.dtype else x.astype(a.dtype) for x, a in cast]
+            return jex.jaxpr_as_fun(self.traced)(*xs)[0]
+
         value, grads = jax.value_and_grad(loss)(params)
         # (A plain `GradientTransformation` takes no `value=`, `grad=`,
         # `value_fn=`: optax's wrapper drops them.)
@@ -211,101 +204,84 @@ class _Problem:
             params = optax.apply_updates(params, updates)
         return params, _strong(opt_state), value.astype(jnp.result_type(float))
 
-    def scan(self, carry, fixed, data, keys, start, indices, n=None):
-        """Steps `start + indices` in a `lax.scan` from `carry`, `(params,
-        opt_state)`: the carry reached and the losses. With `n`, the steps of
-        indices past `n` are discarded (the end of the last block)."""
+    def scan(self, params, opt, fixed, data, keys, start, length, check=False):
+        """Steps `start .. start + length` in a `lax.scan`: the parameters, the
+        optimiser state, the losses and `bad`. Unchecked, the steps run as
+        written, and `bad` is -1 if every loss and the final parameters are
+        finite, else `length`. Checked, each step also asks whether its loss and
+        updated parameters are finite, the parameters stop before the first
+        that is not, and `bad` is its index (-1 if none)."""
 
         def body(carry, i):
-            p, s, value = self.step(carry[0], carry[1], fixed, data, keys, start + i)
-            if n is not None:  # (a discarded step leaves nothing, its loss no NaN)
-                pick = lambda new, old: jnp.where(i < n, new, old)
-                p, s, value = jtu.tree_map(pick, (p, s, value), (*carry, 0.0))
-            return (p, s), value
+            p, s, bad = carry
+            new, s, value = self.step(p, s, fixed, data, keys, start + i)
+            if check:
+                finite = [jnp.all(jnp.isfinite(x)) for x in jtu.tree_leaves(new)]
+                ok = jnp.isfinite(value) & jnp.all(jnp.stack(finite)) & (bad < 0)
+                new = jtu.tree_map(lambda a, b: jnp.where(ok, a, b), new, p)
+                bad = jnp.where(ok | (bad >= 0), bad, i)
+            return (new, s, bad), value
 
-        return jax.lax.scan(body, carry, indices)
-
-
-def _chunk(problem: _Problem, trees: Any, capacity: int, block: int) -> Callable:
-    """The chunk as a function of flat arrays: `(params, opt_state, fixed,
-    data, keys, start, n)` to `(params, opt_state, losses, finite)`, running
-    steps `start .. start + n` (n <= capacity) and writing their losses to
-    `losses[:n]`; `finite` is whether every parameter is finite at the end."""
-
-    def fit_chunk(*flat):
-        params, opt, fixed, data, keys, start, n = jtu.tree_unflatten(trees, flat)
-
-        def blocks(carry):
-            j, p, s, losses = carry
-            steps = j * block + jnp.arange(block, dtype=jnp.int32)
-            last = None if block == 1 else n
-            (p, s), values = problem.scan((p, s), fixed, data, keys, start, steps, last)
-            losses = jax.lax.dynamic_update_slice_in_dim(losses, values, j * block, 0)
-            return j + 1, p, s, losses
-
-        mesh = _sharding.first_mesh(jtu.tree_leaves((params, fixed, data)))
-        losses = _sharding.zeros(capacity, jnp.result_type(float), mesh)
-        carry = (jnp.int32(0), params, opt, losses)
-        _, params, opt, losses = jax.lax.while_loop(
-            lambda c: c[0] * block < n, blocks, carry
-        )
-        finite = [jnp.all(jnp.isfinite(x)) for x in jtu.tree_leaves(params)]
-        return jtu.tree_leaves((params, opt, losses, jnp.all(jnp.stack(finite))))
-
-    return fit_chunk
+        indices = jnp.arange(length, dtype=jnp.int32)
+        (params, opt, bad), losses = jax.lax.scan(body, (params, opt, -1), indices)
+        if not check:  # (once a chunk: whether to run it again, checked)
+            leaves = [losses, *jtu.tree_leaves(params)]
+            finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+            bad = jnp.where(finite, -1, length)
+        return params, opt, losses, bad
 
 
-def _positive(name: str, value: Any, most: int | None = None, of: str = "") -> int:
+def _positive(name: str, value: Any, most: int = 2**31 - 1, of: str = "") -> int:
     """`value` checked to be an integer in `1 .. most` (`of`: `most` in words)."""
     message = f"fit: `{name}` must be a positive integer, got {value!r}."
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(message)
     if int(value) < 1:
         raise ValueError(message)
-    if most is not None and int(value) > most:
+    if int(value) > most:
         raise ValueError(f"fit: `{name}` ({value}) is more than {of}.")
     return int(value)
 
 
 def _optimiser(optimiser: Any) -> optax.GradientTransformation:
-    """`optimiser`, or the transformation of an `optax.MultiSteps`."""
-    if isinstance(optimiser, optax.GradientTransformation):
-        return optimiser
+    """`optimiser`, or the transformation of an `optax.MultiSteps` (whose
+    `update` passes `value=`, `grad=`, `value_fn=` on, where the transformation
+    it makes with `gradient_transformation()` drops them)."""
     if isinstance(optimiser, optax.MultiSteps):
-        # (Its `update` passes `value=`, `grad=`, `value_fn=` on to the inner
-        # optimiser; `gradient_transformation()`'s would be dropped.)
         update: Any = optimiser.update
         return optax.GradientTransformationExtraArgs(optimiser.init, update)
+    if isinstance(optimiser, optax.GradientTransformation):
+        return optimiser
+    name = getattr(optimiser, "__name__", type(optimiser).__name__)
     if callable(optimiser) and not hasattr(optimiser, "update"):
-        name = getattr(optimiser, "__name__", repr(optimiser))
         raise TypeError(
             f"fit: `optimiser` is the function `{name}` itself; call it to build "
             f"the optimiser, e.g. `optimiser=optax.{name}(1e-2)`."
         )
     raise TypeError(
-        "fit: `optimiser` must be an optax `GradientTransformation` (e.g. "
-        f"`optax.adam(1e-2)`), got {type(optimiser).__name__}."
+        f"fit: `optimiser` must be an optax `GradientTransformation` "
+        f"(e.g. `optax.adam(1e-2)`), got {name}."
     )
 
 
 def _arguments(
-    loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
-):
+    loss_fn, optimiser, steps, data, batch_size, key, progress, unknown
+) -> tuple[int, PyTree, Any, _Problem]:
     """`fit`'s arguments checked, with messages that say how to fix them: the
-    numbers of steps, the data (NumPy rows made JAX arrays, indexed by traced
+    number of steps, the data (NumPy rows made JAX arrays, indexed by traced
     minibatch indices), the call's two keys and the problem, yet without the
     model."""
-    steps = _positive("steps", steps)
-    most = "1,000,000 (the default rarely needs changing: chunks are timed)"
-    chunk_size = _positive("chunk_size", chunk_size, 1_000_000, most)
-    optimiser = _optimiser(optimiser)
+    known = [*inspect.signature(fit).parameters][2:-1]
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        fix = _ALIASES.get(name) or (close and f"`{close[0]}=`")
+        hint = f"did you mean {fix}?" if fix else f"it takes {', '.join(known)}."
+        raise TypeError(f"fit: unexpected keyword argument `{name}`; {hint}")
+    if optimiser is None:
+        raise TypeError("fit: `optimiser=` is required, e.g. `optax.adam(1e-2)`.")
+    steps, optimiser = _positive("steps", steps), _optimiser(optimiser)
     if progress not in (True, False):
         raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
-    if state is not None and not isinstance(state, FitState):
-        got = type(state).__name__
-        raise TypeError(
-            f"fit: `state` must be an `ep.FitState` (from a fit), got {got}."
-        )
     if not callable(loss_fn):
         raise TypeError(f"fit: `loss_fn` must be callable, got {loss_fn!r}.")
     try:
@@ -322,16 +298,15 @@ def _arguments(
             need = "the same number of rows (leading axis, at least one)"
             raise ValueError(f"fit: `data` must be arrays with {need}, got {shapes}.")
         rows, data = sizes.pop(), jtu.tree_map(jnp.asarray, data)
-        if batch_size is not None:
-            of = f"the number of rows in `data` ({rows})"
-            batch_size = _positive("batch_size", batch_size, rows, of)
-    elif batch_size is not None:
-        raise ValueError("fit: `batch_size` needs `data` (a PyTree of arrays, rows).")
-    needs_key = batch_size is not None or takes_key
-    if needs_key and key is None:
-        why = "minibatches" if batch_size is not None else "a loss taking `key`"
-        raise ValueError(f"fit: {why} need a PRNG key: pass `key=jax.random.key(0)`.")
-    if key is not None and not needs_key:
+    if batch_size is not None:
+        if data is None:
+            raise ValueError("fit: `batch_size` needs `data` (a PyTree of arrays).")
+        of = f"the number of rows in `data` ({rows})"
+        batch_size = _positive("batch_size", batch_size, rows, of)
+    if key is None and (batch_size is not None or takes_key):
+        why = "minibatches need" if batch_size else "a loss taking `key` needs"
+        raise ValueError(f"fit: {why} a PRNG key: pass `key=jax.random.key(0)`.")
+    if key is not None and batch_size is None and not takes_key:
         why = "used only for minibatches (`batch_size`) or a loss taking `key`"
         raise ValueError(f"fit: `key` is {why}; this call has neither. Drop `key`.")
     # The call's two keys, for its minibatches and for the loss, split eagerly
@@ -341,39 +316,54 @@ def _arguments(
         keys = None if key is None else jax.random.split(key)
     except (TypeError, ValueError) as e:
         raise TypeError(
-            f"fit: `key` must be one PRNG key, e.g. `jax.random.key(0)`, got "
-            f"{key!r} (JAX: {e})"
+            f"fit: `key` must be one PRNG key, e.g. `jax.random.key(0)`, "
+            f"got {key!r} (JAX: {e})"
         ) from None
-    call = "loss_fn(model" + (", batch" if data is not None else "")
-    call += ", key=key)" if takes_key else ")"
+    call = "loss_fn(model" + ", batch" * (data is not None) + ", key=key" * takes_key
     try:  # (a `TypeError` raised inside the loss is the user's own: not here)
         if signature is not None:
-            args = [None] * (1 + (data is not None))
-            signature.bind(*args, **({"key": None} if takes_key else {}))
+            keyword = {"key": None} if takes_key else {}
+            signature.bind(*[None] * (1 + (data is not None)), **keyword)
     except TypeError as e:
         raise TypeError(
-            f"fit: `loss_fn` cannot be called as `{call}`: {e}. With `data`, the "
+            f"fit: `loss_fn` cannot be called as `{call})`: {e}. With `data`, the "
             "loss takes `(model, batch)`; without, `(model)`; add a `key` "
             "parameter for a fresh key per step."
         ) from None
     promotion = jax.config.jax_numpy_dtype_promotion  # pyright: ignore[reportAttributeAccessIssue]
-    problem = _Problem(loss_fn, optimiser, batch_size, rows, takes_key, call, promotion)
-    return steps, chunk_size, data, keys, problem
+    problem = _Problem(
+        loss_fn, optimiser, batch_size, rows, takes_key, call + ")", promotion
+    )
+    return steps, data, keys, problem
 
 
 def _check_model(model: PyTree) -> None:
     """Raise for what would train wrongly or fail obscurely: a raw library
-    object in the model (numpyro's objects are proper pytrees: they train), or
-    constrained fields holding raw arrays."""
-    for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]:
+    object in the model (numpyro's objects are proper pytrees: they train),
+    64-bit arrays while `jax_enable_x64` is off (the steps' carry would change
+    type), constrained fields holding raw arrays."""
+    leaves = jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]
+    for path, x in leaves:
         if is_raw(x) and getattr(family_of_instance(x), "name", None) != "numpyro":
             name, at = type(x).__name__, label_of(path)
             raise TypeError(
                 f"fit: the model holds a raw {name} at `{at}`, whose arrays JAX cannot "
                 f"differentiate. Wrap it: `ep.FixedDistrax({name}, ...)`."
             )
-    labels = unparameterized(model)
-    if labels:
+    wide = [
+        f"`{label_of(path)}` ({x.dtype})"
+        for path, x in leaves
+        if eqx.is_array(x) and x.dtype.itemsize == 8 and x.dtype != np.complex64
+    ]
+    if wide and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]
+        raise TypeError(
+            f"fit: the model holds 64-bit arrays ({', '.join(wide[:5])}), but "
+            "`jax_enable_x64` is off, so its steps would compute in 32 bits. Fit "
+            "under `with jax.enable_x64(True):`, or cast the model: `jax.tree.map("
+            "lambda x: x.astype(jnp.float32) if eqx.is_inexact_array(x) else x, "
+            "model)`."
+        )
+    if labels := unparameterized(model):
         names = ", ".join(f"`{label}`" for label in labels[:5])
         more = f" (and {len(labels) - 5} more)" if len(labels) > 5 else ""
         raise ValueError(
@@ -384,16 +374,28 @@ def _check_model(model: PyTree) -> None:
         )
 
 
-def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
-    """`problem` with its loss traced, the one trace of the user's loss in this
-    call, checked: it must return a real scalar that reads a trainable
-    parameter."""
+def _trace(problem: _Problem, params, fixed, data, keys) -> _Problem:
+    """`problem` with the loss traced, the one trace of the user's loss in this
+    call, checked: it returns a real scalar that reads a trainable parameter."""
     arrays = (params, fixed, data, keys, jax.ShapeDtypeStruct((), jnp.int32))
     try:
-        closed, out = jax.make_jaxpr(problem.value, return_shape=True)(*arrays)
-    except jax.dtypes.TypePromotionError as e:
-        raise _mixed_floats(
-            problem, {"model": (params, fixed), "data": data}, e
+        closed, out = jax.make_jaxpr(problem.loss_of, return_shape=True)(*arrays)
+    except jax.dtypes.TypePromotionError as e:  # (strict promotion: say where)
+        where: dict[str, list[str]] = {}
+        for name, tree in (("model", (params, fixed)), ("data", data)):
+            for k, x in jtu.tree_flatten_with_path(tree)[0]:
+                if eqx.is_inexact_array(x):  # (the model's paths: no partition index)
+                    label = f"`{name}{jtu.keystr(k[name == 'model' :])}`"
+                    where.setdefault(str(x.dtype), []).append(label)
+        if len(where) < 2:
+            raise
+        listed = "; ".join(f"{d}: {', '.join(p[:3])}" for d, p in sorted(where.items()))
+        raise type(e)(
+            f"fit: `{problem.call}` mixes float dtypes, which strict dtype promotion "
+            f"refuses ({listed}). Cast the model and data to one dtype, e.g. `jax."
+            "tree.map(lambda x: x.astype(jnp.float64) if eqx.is_inexact_array(x) "
+            "else x, model)`, or call fit under `jax.numpy_dtype_promotion("
+            f"'standard')`. (JAX: {e})"
         ) from None
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(
@@ -414,107 +416,57 @@ def _trace_loss(problem: _Problem, params, fixed, data, keys) -> _Problem:
             "the model: training would change nothing. Use the model's arrays "
             "(Python floats are static; `ep.Frozen` values are not trained)."
         )
-    avals = tuple(_aval(v.aval) for v in closed.jaxpr.invars)
-    return dataclasses.replace(problem, traced=closed, avals=avals)
+    return dataclasses.replace(problem, traced=closed)
 
 
-def _mixed_floats(problem: _Problem, trees: dict, error: Exception) -> Exception:
-    """A strict promotion error of the loss, with the paths of the model's and
-    the data's arrays of each float dtype when they hold more than one."""
-    where: dict = {}
-    for name, tree in trees.items():
-        for path, x in jtu.tree_flatten_with_path(tree)[0]:
-            if eqx.is_inexact_array(x):
-                label = f"{name}{jtu.keystr(path[1:] if name == 'model' else path)}"
-                where.setdefault(str(x.dtype), []).append(f"`{label}`")
-    if len(where) < 2:
-        return error
-    listed = "; ".join(f"{d}: {', '.join(p[:3])}" for d, p in sorted(where.items()))
-    return type(error)(
-        f"fit: `{problem.call}` mixes float dtypes, which strict dtype promotion "
-        f"refuses ({listed}). Cast the model and data to one dtype, e.g. "
-        "`jax.tree.map(lambda x: x.astype(jnp.float64) if eqx.is_inexact_array(x) "
-        "else x, model)`, or call fit under `jax.numpy_dtype_promotion('standard')`."
-        f" (JAX: {error})"
-    )
+def _resumed(state: Any, fresh: PyTree, steps: int) -> tuple[PyTree, Any]:
+    """The optimiser state and step of `state`, checked against a fresh
+    optimiser state (`fresh`) and the call's `steps`."""
+    if not isinstance(state, FitState):
+        got = type(state).__name__
+        raise TypeError(
+            f"fit: `state` must be an `ep.FitState` (from a fit), got {got}."
+        )
 
+    def types(tree: PyTree) -> tuple:
+        leaves, treedef = jtu.tree_flatten(tree)
+        return treedef, [(jnp.shape(x), jnp.result_type(x)) for x in leaves]
 
-def _resumed(state: FitState, fresh: PyTree) -> PyTree:
-    """The optimiser state of `state`, checked against a fresh one (`fresh`)
-    and, under a mesh with `Explicit` axes, placed as the fresh one is."""
-    opt, treedef = jtu.tree_flatten(state.opt_state)
-    like, like_treedef = jtu.tree_flatten(fresh)
-    aval = lambda x: (jnp.shape(x), jnp.result_type(x))  # noqa: E731
-    if treedef != like_treedef or list(map(aval, opt)) != list(map(aval, like)):
+    if types(state.opt_state) != types(fresh):
         raise ValueError(
             "fit: `state` does not match this model and optimiser (another structure, "
             "shape or dtype): pass `ep.FitState.init(model, optimiser)` or one a fit "
             "of this model and optimiser returned."
         )
-    step = state.step
-    if (
-        jnp.shape(step) != ()
-        or not jnp.issubdtype(jnp.result_type(step), jnp.integer)
-        or (not isinstance(step, jax.core.Tracer) and not 0 <= int(step) < 2**31 - 1)
-    ):
+    step, concrete = state.step, not isinstance(state.step, jax.core.Tracer)
+    integer = jnp.shape(step) == () and jnp.issubdtype(
+        jnp.result_type(step), jnp.integer
+    )
+    if not integer or (concrete and not 0 <= int(step) < 2**31 - steps):
         raise ValueError(
-            "fit: `state.step` must be an integer scalar step count, 0 <= step "
-            f"< 2**31 - 1, got {step}."
+            "fit: `state.step` must be an integer step count, 0 <= step, and "
+            f"`state.step` plus `steps` ({steps}) at most 2**31 - 1, the most steps "
+            f"a fit counts (batches and keys are drawn by int32 step number), got "
+            f"{step}. Start afresh: `ep.FitState.init`."
         )
-    return jtu.tree_unflatten(treedef, _sharding.place_like(opt, like))
-
-
-@overload
-def fit(
-    model: PyTree,
-    loss_fn: Callable[..., Array],
-    *,
-    optimiser: optax.GradientTransformation | optax.MultiSteps,
-    steps: int,
-    data: PyTree | None = None,
-    batch_size: int | None = None,
-    key: PRNGKeyArray | None = None,
-    progress: bool = True,
-    chunk_size: int = 10_000,
-    steps_per_block: int | None = None,
-    state: FitState | None = None,
-    return_state: Literal[False] = False,
-) -> tuple[PyTree, Array]: ...
-
-
-@overload
-def fit(
-    model: PyTree,
-    loss_fn: Callable[..., Array],
-    *,
-    optimiser: optax.GradientTransformation | optax.MultiSteps,
-    steps: int,
-    data: PyTree | None = None,
-    batch_size: int | None = None,
-    key: PRNGKeyArray | None = None,
-    progress: bool = True,
-    chunk_size: int = 10_000,
-    steps_per_block: int | None = None,
-    state: FitState | None = None,
-    return_state: Literal[True],
-) -> tuple[PyTree, Array, FitState]: ...
+    return state.opt_state, step
 
 
 def fit(
     model: PyTree,
     loss_fn: Callable[..., Array],
     *,
-    optimiser: optax.GradientTransformation | optax.MultiSteps,
-    steps: int,
+    optimiser: optax.GradientTransformation | optax.MultiSteps | None = None,
+    steps: int | None = None,
     data: PyTree | None = None,
     batch_size: int | None = None,
     key: PRNGKeyArray | None = None,
     progress: bool = True,
     chunk_size: int = 10_000,
-    steps_per_block: int | None = None,
     state: FitState | None = None,
     return_state: bool = False,
-) -> tuple[PyTree, Array] | tuple[PyTree, Array, FitState]:
+    **unknown: Any,
+) -> tuple[Any, ...]:
     """Minimise `loss_fn` over the trainable parameters of `model` with optax.
 
     **Arguments:**
@@ -528,7 +480,8 @@ def fit(
       `jax.random.fold_in(k, step)`. It returns a real floating-point scalar.
     - `optimiser`: an optax `GradientTransformation` (`optax.adam(1e-2)`) or an
       `optax.MultiSteps`. Optimisers that need the loss (`optax.lbfgs`,
-      `optax.contrib.reduce_on_plateau`) get `value=`, `grad=` and `value_fn=`.
+      `optax.contrib.reduce_on_plateau`) get `value=`, `grad=` and `value_fn=`
+      (the loss as traced, in the parameters' dtypes).
     - `steps`: the number of optimisation steps.
     - `data`: optional PyTree of arrays sharing a leading (row) axis.
     - `batch_size`: rows per step, drawn uniformly with replacement; `None` uses
@@ -537,12 +490,9 @@ def fit(
       on every process (see [several hosts](../howto/multi_host.md)).
     - `key`: a PRNG key, for minibatches and for a loss taking `key`.
     - `progress`: show a tqdm bar with the loss (a notebook widget where
-      ipywidgets is installed, else text on stderr).
-    - `chunk_size`: the most steps per compiled call.
-    - `steps_per_block`: the steps of each `lax.scan` inside a compiled call, a
-      trip count fixed at compile time. `None`: 32 on an accelerator (GPU, TPU)
-      for a call of at least 1,000 steps, else 1. The last block of a call may
-      compute steps it then discards; a loss with host callbacks runs 1.
+      ipywidgets is installed, else text on stderr); it says when it compiles.
+    - `chunk_size`: the most steps of one compiled chunk, between two progress
+      updates (chunks hold at most about half a second of steps, as timed).
     - `state`: a `FitState` to continue from (`FitState.init` or one returned).
     - `return_state`: also return the `FitState` reached.
 
@@ -558,9 +508,10 @@ def fit(
     last finite model; `TypeError`/`ValueError` naming the argument and the fix
     for a model with nothing to train, constrained fields holding raw arrays
     (call `ep.parameterize` first), a raw distrax/TFP/numpyro object in the
-    model, a loss that returns no real scalar or reads no parameter, trainable
-    parameters that are not finite at the start, a `state.step` plus `steps`
-    past 2**31 - 1, and the like.
+    model, 64-bit arrays with `jax_enable_x64` off, a loss that returns no real
+    scalar or reads no parameter, trainable parameters that are not finite at
+    the start, a `state.step` plus `steps` past 2**31 - 1, an unknown keyword
+    (`optimizer=` asks for `optimiser=`), and the like.
 
     **Example:**
 
@@ -578,15 +529,15 @@ def fit(
     ```
 
     **What compiles.** Every call traces the loss and optimiser as they are at
-    that moment and lowers the chunk of steps; a compiled program is reused only
-    when that lowering is identical, constants included (see
+    that moment; a compiled chunk is reused only when its lowering is identical
+    (arrays the loss closes over are its inputs, not part of it; see
     [the fit guide](../howto/fit.md)).
     """
-    steps, chunk_size, data, keys, problem = _arguments(
-        loss_fn, optimiser, steps, data, batch_size, key, progress, chunk_size, state
+    steps, data, keys, problem = _arguments(
+        loss_fn, optimiser, steps, data, batch_size, key, progress, unknown
     )
-    if steps_per_block is not None:
-        steps_per_block = _positive("steps_per_block", steps_per_block, 1024, "1024")
+    most = "1,000,000 (the default rarely needs changing: chunks are timed)"
+    chunk_size = _positive("chunk_size", chunk_size, 1_000_000, most)
     _check_model(model)
     params, static = eqx.partition(model, trainable(model))
     if not jtu.tree_leaves(params):
@@ -597,74 +548,64 @@ def fit(
     fixed, skeleton = eqx.partition(static, eqx.is_array)
     params, fixed, data, keys = _sharding.place_together((params, fixed, data, keys))
     params = _strong(params)
-    fresh = _init(problem.optimiser, params)
-    opt, start = (fresh, 0) if state is None else (_resumed(state, fresh), state.step)
-    if (
-        not isinstance(start, jax.core.Tracer)
-        and (first := int(start)) + steps >= 2**31
-    ):
-        raise ValueError(
-            f"fit: `state.step` ({first}) plus `steps` ({steps}) is more than "
-            "2**31 - 1, the most steps a fit counts (its batches and keys are "
-            "drawn by int32 step number). Start afresh: `ep.FitState.init`."
-        )
+    opt, start = _init(problem.optimiser, params), 0
+    if state is not None:
+        opt, start = _resumed(state, opt, steps)
     problem = dataclasses.replace(problem, skeleton=skeleton)
-    problem = _trace_loss(problem, params, fixed, data, keys)
+    problem = _trace(problem, params, fixed, data, keys)
     args = (params, opt, fixed, data, keys)
-    out = None
     # Under a trace (`jax.jit`, `lax.scan`, ...) even an operation on concrete
     # values gives a tracer: the steps then belong in the caller's program.
     if not isinstance(jnp.zeros(()), jax.core.Tracer) and not any(
         isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves((*args, start))
     ):
-        block = _block(jtu.tree_leaves(args), steps, steps_per_block)
-        with contextlib.suppress(_programs.Traced):  # (an outer `jax.vmap`'s value)
+        try:
             out = _run(
-                problem, model, static, args, start, steps, chunk_size, progress, block
+                problem, model, static, args, int(start), steps, chunk_size, progress
             )
-    if out is None:  # all steps in one `lax.scan` of the caller's program; nothing
-        # reaches the host (no bar, no `NonFiniteLossError`: the losses keep them)
-        indices = jnp.arange(steps, dtype=jnp.int32)
-        carry = (params, opt)
-        (params, opt), losses = problem.scan(carry, fixed, data, keys, start, indices)
-        state = FitState(opt, jnp.int32(start + steps))
-        out = eqx.combine(params, static), losses, state
+            return out if return_state else out[:2]
+        except _programs.Traced:  # (an outer `jax.vmap`'s value)
+            pass
+    # All steps in one `lax.scan` of the caller's program; nothing reaches the
+    # host (no bar, no `NonFiniteLossError`: the losses keep them).
+    params, opt, losses, _ = problem.scan(*args, start, steps)
+    out = eqx.combine(params, static), losses, FitState(opt, jnp.int32(start + steps))
     return out if return_state else out[:2]
 
 
-def _check_finite(params: PyTree, step: int) -> None:
-    """Raise, naming them, if trainable parameters are not finite before `step`
-    (a fit could only stop at once: the fault is in the model given)."""
-    leaves = jtu.tree_flatten_with_path(params)[0]
-    bad = [label_of(k) for k, x in leaves if not jnp.all(jnp.isfinite(x))]
-    if bad:
-        raise ValueError(
-            f"fit: the trainable parameter(s) {', '.join(bad)} of the model are not "
-            f"finite before step {step}. Start them finite, or keep them out of "
-            "training (`ep.field(trainable=False)`, or a static field)."
-        )
+def _length(seconds: float, most: int) -> int:
+    """The chunk length for steps of `seconds`: the largest power of two whose
+    steps take at most `_SECONDS` (at least 2), at most `most`, agreed by every
+    process."""
+    length = min(most, 2 ** max(1, int(np.log2(_SECONDS / max(seconds, 1e-9)))))
+    if jax.process_count() > 1:  # (every process runs the same chunks: process 0's)
+        length = int(multihost_utils.broadcast_one_to_all(np.int32(length)))
+    return length
 
 
-def _run(problem, model, static, args, start, steps, chunk_size, progress, block):
-    """`fit` on concrete values: the chunk compiled (`_programs`), then run
-    chunk after chunk from the host, each timed to last about a quarter of a
-    second: progress, Ctrl-C, and a chunk that went non-finite run again one
-    step at a time, to find the first step whose loss, or whose updated
-    parameters (how a non-finite gradient shows), is not finite. The losses are
-    put where the steps ran (a chunk's losses buffer): replicated over its
-    devices, committed only if it is. Raises `_programs.Traced` if the loss
-    reads a value of an outer transformation."""
-    start = int(start)
-    flat, trees = jtu.tree_flatten((*args, np.int32(start), np.int32(0)))
-    capacity = -(-chunk_size // block) * block
-    chunk = _chunk(problem, trees, capacity, block)
-    run, reusable = _programs.program(chunk, flat, _CHUNK_OPTIONS)
-    if block > 1 and not reusable:  # host callbacks: no discarded steps
-        block, capacity = 1, chunk_size
-        chunk = _chunk(problem, trees, capacity, 1)
-        run, _ = _programs.program(chunk, flat, _CHUNK_OPTIONS)
+def _run(problem, model, static, args, start, steps, chunk_size, progress):
+    """`fit` on concrete values: chunks compiled (`_programs`) and run from the
+    host, with progress between them, and a chunk that is not finite again,
+    checked. The losses are put where the steps ran, committed only if they
+    are. Raises `_programs.Traced` if the loss reads a value of an outer
+    transformation."""
+    flat, trees = jtu.tree_flatten((*args, np.int32(start)))
     state_tree = jtu.tree_structure(args[:2])
-    n_state = state_tree.num_leaves
+    programs: dict[tuple[int, bool], Any] = {}
+
+    def run(n: int, check: bool = False) -> tuple[list, Array, int, dict]:
+        if (n, check) not in programs:
+            bar.set_description_str("compiling", refresh=shown)
+
+            def fit_chunk(*xs: Any, length: int = n) -> tuple:
+                return problem.scan(*jtu.tree_unflatten(trees, xs), length, check)
+
+            programs[n, check] = _programs.program(fit_chunk, flat)
+            bar.set_description_str("", refresh=False)
+        compiled, notes = programs[n, check]
+        *state, values, bad = compiled(*flat)
+        return state, values, int(bad), notes  # (`int` waits for the chunk)
+
     try:  # (a widget in a notebook needs ipywidgets; without it, a text bar,
         # rather than `tqdm.auto`'s warning and then a text bar)
         import ipywidgets  # noqa: F401  # pyright: ignore[reportMissingImports]
@@ -672,52 +613,42 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress, block
     except ImportError:
         from tqdm import tqdm
 
-    processes = jax.process_count()  # (with `jax.distributed`, one per host)
-    shown = progress and jax.process_index() == 0
+    shown = progress and jax.process_index() == 0  # (one bar for all processes)
     bar = tqdm(total=steps, unit="step", mininterval=0.25, disable=not shown)
-    losses = [np.zeros((0,), jnp.result_type(float))]
-    done, length, like, replay = 0, min(128, capacity), None, 0
+    losses, done, length, where = [], 0, 1, None
     try:
         while done < steps:
-            # (Steps before `replay`: a chunk that was not finite, one at a time.)
-            n = 1 if done < replay else min(length, steps - done)
+            n = min(2 if done < 4 else length, chunk_size, steps - done)
+            n += steps - done - n == 1 and n < chunk_size  # (no chunk of one step)
+            flat[-1] = np.int32(start + done)
             began = time.perf_counter()
-            flat[-2:] = [np.int32(start + done), np.int32(n)]
-            out = run(*flat)
-            chunk, finite = np.asarray(out[n_state])[:n], bool(out[n_state + 1])
-            if not (finite and np.isfinite(chunk).all()):
-                if n > 1:
-                    replay = done + n
-                    continue
-                params, _ = jtu.tree_unflatten(state_tree, flat[:n_state])
-                _check_finite(params, done)
-                raise NonFiniteLossError(
-                    f"fit: the loss or its gradient is not finite at step {done} "
-                    f"(loss = {float(chunk[0])}); `error.model` holds the last finite "
-                    "parameters. Lower the learning rate, or constrain the "
-                    "parameters the loss takes a log or sqrt of (`ep.positive`).",
-                    step=done,
-                    model=eqx.combine(params, static),
-                    losses=jnp.asarray(np.concatenate([*losses, chunk])),
-                )
-            flat[:n_state], like = out[:n_state], out[n_state]
-            losses.append(chunk)
+            state, values, bad, notes = run(n)
+            if done == 2:  # (the first program remembers the length chosen)
+                seconds = (time.perf_counter() - began) / n
+                length = notes.setdefault("length", _length(seconds, chunk_size))
+            if bad == n:  # (not finite somewhere: the chunk again, each step checked)
+                state, values, bad, _ = run(n, check=True)
+            host, where = (
+                np.asarray(values),
+                values.sharding if values.committed else None,
+            )
+            if bad >= 0:
+                losses.append(host[: bad + 1])
+                params = jtu.tree_unflatten(state_tree, state)[0]
+                raise _non_finite(params, static, done + bad, losses)
+            flat[: len(state)] = state
+            losses.append(host)
             done += n
-            bar.set_postfix(loss=f"{float(chunk[-1]):.6g}", refresh=False)
+            bar.set_postfix(loss=f"{host[-1]:.6g}", refresh=False)
             bar.update(n)
-            seconds = max(time.perf_counter() - began, 1e-9)
-            length = max(block, min(capacity, int(0.25 * n / seconds)))
-            length -= length % block
-            if processes > 1:  # every process runs the same chunks: process 0's
-                length = int(multihost_utils.broadcast_one_to_all(np.int32(length)))
     except (KeyboardInterrupt, jax.errors.JaxRuntimeError) as e:
         # A Ctrl-C that lands inside a host callback reaches us wrapped by XLA.
         if not isinstance(e, KeyboardInterrupt) and "KeyboardInterrupt" not in str(e):
-            if processes > 1:
+            if jax.process_count() > 1:
                 raise RuntimeError(
-                    f"fit: process {jax.process_index()} of {processes} stopped after "
-                    f"{done} of {steps} steps: another process failed (its own error "
-                    "says why). Resume all from a checkpoint (`return_state=True`)."
+                    f"fit: process {jax.process_index()} stopped after {done} of "
+                    f"{steps} steps: another process failed (its own error says why). "
+                    "Resume all from a checkpoint (`return_state=True`)."
                 ) from e
             raise
         warnings.warn(
@@ -727,8 +658,34 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress, block
         )
     finally:
         bar.close()
-    params, opt = jtu.tree_unflatten(state_tree, flat[:n_state])
-    where = like.sharding if like is not None and like.committed else None
-    history = jax.device_put(np.concatenate(losses), where)
+    params, opt = jtu.tree_unflatten(state_tree, flat[: state_tree.num_leaves])
     result = model if done == 0 else eqx.combine(params, static)
-    return result, history, FitState(opt, jnp.int32(start + done))
+    return result, _gather(losses, where), FitState(opt, jnp.int32(start + done))
+
+
+def _gather(losses: list, where: Any) -> Array:
+    """The chunks' losses (NumPy) in one array, placed at `where`."""
+    values = np.concatenate(losses) if losses else np.zeros(0, jnp.result_type(float))
+    return jax.device_put(values, where)
+
+
+def _non_finite(params, static, step, losses) -> Exception:
+    """The error of a fit that stopped at `step`, with the parameters before it:
+    a `ValueError` naming the parameters if they are not finite (so from the
+    start), else a `NonFiniteLossError`."""
+    paths = jtu.tree_flatten_with_path(params)[0]
+    if bad := [label_of(k) for k, x in paths if not jnp.all(jnp.isfinite(x))]:
+        return ValueError(
+            f"fit: the trainable parameter(s) {', '.join(bad)} of the model are not "
+            f"finite before step {step}. Start them finite, or keep them out of "
+            "training (`ep.field(trainable=False)`, or a static field)."
+        )
+    return NonFiniteLossError(
+        f"fit: the loss or its gradient is not finite at step {step} (loss = "
+        f"{losses[-1][-1]}); `error.model` holds the last finite parameters. Lower "
+        "the learning rate, or constrain the parameters the loss takes a log or "
+        "sqrt of (`ep.positive`).",
+        step=step,
+        model=eqx.combine(params, static),
+        losses=_gather(losses, None),  # (NaN among them: no multi-process put)
+    )

@@ -1,21 +1,19 @@
-"""Compiled programs reused only when the lowered computation is identical.
+"""Compiled programs, reused only when the lowered computation is identical.
 
-`program(fn, args)` traces `fn` on `args` (flat lists of arrays) at every call, so
-what runs is what the code says now, and lowers the trace to StableHLO. Its text,
-without debug locations and with every constant written out in full, keys the
-cache (by its SHA-256 digest, with the XLA options the caller compiles it with):
-the criterion of JAX's own persistent compilation cache, exact because it is
-what XLA compiles. Nothing about the Python objects `fn` reads (code, closures,
-globals, attributes) is inspected: a changed global, a mutated container or a
-patched helper changes the trace, hence the text, hence the program.
+`program(fn, args)` traces `fn` on `args` (a flat list of arrays) at every call,
+so what runs is what the code says now. The arrays the trace closes over (its
+constants) larger than `_INLINE` bytes become inputs of the program, passed
+with this call's values; smaller ones are written into it. The lowering of
+that program to StableHLO keys the cache, with each input's type and
+placement: a hit runs the executable compiled from an identical lowering
+(`jax.jit(...).trace(...).lower().compile()`, never an old trace evaluated
+again), a miss compiles this one. The cache so holds no array of the user's:
+large ones are inputs, small ones copies inside a program, compared by value.
 
-A cached program is `jax.jit` of the first matching trace's jaxpr (never of a
-Python function, which could read other state when retraced), so JAX still
-tells devices, shardings and weak types apart itself.
-
-Not cached, and compiled at every call: a trace whose text holds host callbacks
+Not cached, and compiled at every call: a lowering that holds host callbacks
 (`jax.pure_callback`, `jax.debug.print`: the text names them by index, not by
-function) or custom partitioning, or elided constants.
+function) or custom partitioning. Constants of a `jax.jit` nested in the trace
+stay in that inner program, so in the key by value, like small ones.
 """
 
 from __future__ import annotations
@@ -29,12 +27,18 @@ from typing import Any
 import jax
 import jax.core
 import jax.extend.core as jex
+import jax.numpy as jnp
 
 
 _MAX = 32  # programs kept; the least recently used goes first
-_PROGRAMS: OrderedDict[bytes, Callable] = OrderedDict()
+_PROGRAMS: OrderedDict[bytes, tuple[Any, dict]] = OrderedDict()
 _LOCK = threading.Lock()
-_UNCACHEABLE = ("callback", "CustomSPMDPartitioning", "__elided__")
+_UNCACHEABLE = ("callback", "CustomSPMDPartitioning")
+# Constants of at most this many bytes are written into the program: index
+# arrays such as `ep.lower_cholesky`'s, from which XLA compiles the SVGP
+# example's step with 1-2 kernels fewer on an H100 than from inputs
+# (`benchmarks/gpu_kernels.py`, M = 128 and 512; `docs/performance.md`).
+_INLINE = 2**20
 
 
 class Traced(Exception):
@@ -42,47 +46,61 @@ class Traced(Exception):
     the caller, say): it cannot be compiled on its own."""
 
 
-def program(
-    fn: Callable[..., list], args: list, options: dict[str, str] | None = None
-) -> tuple[Callable[..., list], bool]:
-    """A compiled program computing `fn(*args)` as traced now: the one compiled
-    for an identical lowering and equal XLA `options` (`jax.jit`'s
-    `compiler_options`) before, or a new one (compiled at its first call), and
-    whether it may be reused (no host callbacks).
+def hoisted(closed: Any) -> tuple[Callable[[list, list], list], list]:
+    """`(run, given)`: `run(given, args)` evaluates the closed jaxpr `closed` on
+    `args` with its large constants taken from `given` (this call's values,
+    on the device) and its small ones written in."""
+    large = [_large(c) for c in closed.consts]
+    given = [jnp.asarray(c) for c, big in zip(closed.consts, large) if big]
+
+    def run(given: list, args: list) -> list:
+        values = iter(given)
+        consts = [next(values) if big else c for c, big in zip(closed.consts, large)]
+        return jex.jaxpr_as_fun(jex.ClosedJaxpr(closed.jaxpr, consts))(*args)
+
+    return run, given
+
+
+def _large(constant: Any) -> bool:
+    aval = jax.typeof(constant)
+    if jnp.issubdtype(aval.dtype, jax.dtypes.prng_key):
+        return True  # (a key has no byte size of its own: as an input)
+    return aval.size * aval.dtype.itemsize > _INLINE
+
+
+def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], dict]:
+    """`(run, notes)`: `run(*args)` runs the program compiled for `fn(*args)` as
+    traced now (its large constants passed along), and `notes` is a dict kept
+    with that program for as long as it is cached (a fresh one if it is not).
 
     Raises `Traced` if the trace closes over a tracer."""
-    options = options or {}
     closed = jax.make_jaxpr(fn)(*args)
-    # (An outer trace's values that `fn` reads become extra inputs, or consts.)
     if len(closed.jaxpr.invars) != len(args) or any(
         isinstance(c, jax.core.Tracer) for c in closed.consts
     ):
         raise Traced
-    # (Lowered through the program that would run it: JAX keeps that lowering
-    # for its first call, so a new program is lowered once, not twice. Measured
-    # on the VI and log-regression fits' first call: `docs/performance.md`.)
-    made = _jitted(closed, fn, options)
-    text = made.trace(*args).lower().as_text(debug_info=False)
-    if any(word in text for word in _UNCACHEABLE):
-        return made, False
-    # (The text's digest, as JAX's persistent cache keys programs: a key of the
-    # text itself would hold every constant of the program twice.)
-    key = hashlib.sha256((repr(sorted(options.items())) + text).encode()).digest()
+    run, given = hoisted(closed)
+    run.__name__ = run.__qualname__ = getattr(fn, "__name__", "program")
+    # (`keep_unused`: every input stays an input, as the key describes them.)
+    lowered = jax.jit(run, keep_unused=True).trace(given, args).lower()
+    text = lowered.as_text(debug_info=False)
+    placed = [(jax.typeof(x), _placement(x)) for x in [*given, *args]]
+    key = hashlib.sha256((repr(placed) + text).encode()).digest()
+    reusable = not any(word in text for word in _UNCACHEABLE)
     with _LOCK:  # (the program found, or a new one, moved to the end: last used)
-        made = _PROGRAMS[key] = _PROGRAMS.pop(key, None) or made
-        if len(_PROGRAMS) > _MAX:
-            _PROGRAMS.popitem(last=False)
-    return made, True
+        found = _PROGRAMS.pop(key, None) if reusable else None
+    compiled, notes = found or (lowered.compile(), {})
+    if reusable:
+        with _LOCK:
+            _PROGRAMS[key] = compiled, notes
+            if len(_PROGRAMS) > _MAX:
+                _PROGRAMS.popitem(last=False)
+    return lambda *args: compiled(given, list(args)), notes
 
 
-def _jitted(closed: Any, fn: Callable, options: dict) -> jax.stages.Wrapped:
-    """`jax.jit` of the closed jaxpr, named as `fn` (in JAX's messages)."""
-    run = jex.jaxpr_as_fun(closed)
-
-    def call(*args: Any) -> list:
-        return run(*args)
-
-    call.__name__ = call.__qualname__ = getattr(fn, "__name__", "program")
-    # (`keep_unused`: every input is in the lowered text, so two programs with
-    # one text take the same inputs.)
-    return jax.jit(call, keep_unused=True, compiler_options=options or None)
+def _placement(x: Any) -> Any:
+    """Where an input lives, as the compiled program depends on it: its sharding
+    if it is committed to one, else the default device's."""
+    if getattr(x, "committed", False):
+        return x.sharding
+    return jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
