@@ -597,8 +597,9 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
         if (n, check) not in programs:
             bar.set_description_str("compiling", refresh=shown)
 
-            def fit_chunk(*xs: Any, length: int = n) -> tuple:
-                return problem.scan(*jtu.tree_unflatten(trees, xs), length, check)
+            def fit_chunk(*xs: Any, length: int = n) -> list:
+                out = problem.scan(*jtu.tree_unflatten(trees, xs), length, check)
+                return jtu.tree_leaves(out)
 
             programs[n, check] = _programs.program(fit_chunk, flat)
             bar.set_description_str("", refresh=False)

@@ -74,15 +74,19 @@ def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], di
     with that program for as long as it is cached (a fresh one if it is not).
 
     Raises `Traced` if the trace closes over a tracer."""
-    closed = jax.make_jaxpr(fn)(*args)
+    # (`keep_unused`: every input stays an input, as the key describes them.)
+    traced = jax.jit(fn, keep_unused=True).trace(*args)
+    closed = traced.jaxpr
     if len(closed.jaxpr.invars) != len(args) or any(
         isinstance(c, jax.core.Tracer) for c in closed.consts
     ):
         raise Traced
-    run, given = hoisted(closed)
-    run.__name__ = run.__qualname__ = getattr(fn, "__name__", "program")
-    # (`keep_unused`: every input stays an input, as the key describes them.)
-    lowered = jax.jit(run, keep_unused=True).trace(given, args).lower()
+    given: list = []
+    if any(map(_large, closed.consts)):  # (the program with them as inputs)
+        run, given = hoisted(closed)
+        run.__name__ = run.__qualname__ = getattr(fn, "__name__", "program")
+        traced = jax.jit(run, keep_unused=True).trace(given, args)
+    lowered = traced.lower()
     text = lowered.as_text(debug_info=False)
     placed = [(jax.typeof(x), _placement(x)) for x in [*given, *args]]
     key = hashlib.sha256((repr(placed) + text).encode()).digest()
@@ -95,7 +99,9 @@ def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], di
             _PROGRAMS[key] = compiled, notes
             if len(_PROGRAMS) > _MAX:
                 _PROGRAMS.popitem(last=False)
-    return lambda *args: compiled(given, list(args)), notes
+    if given:
+        return lambda *args: compiled(given, list(args)), notes
+    return compiled, notes
 
 
 def _placement(x: Any) -> Any:
