@@ -74,8 +74,7 @@ def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], di
     with that program for as long as it is cached (a fresh one if it is not).
 
     Raises `Traced` if the trace closes over a tracer."""
-    # (`keep_unused`: every input stays an input, as the key describes them.)
-    traced = jax.jit(fn, keep_unused=True).trace(*args)
+    traced = jax.jit(fn).trace(*args)
     closed = traced.jaxpr
     if len(closed.jaxpr.invars) != len(args) or any(
         isinstance(c, jax.core.Tracer) for c in closed.consts
@@ -85,7 +84,7 @@ def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], di
     if any(map(_large, closed.consts)):  # (the program with them as inputs)
         run, given = hoisted(closed)
         run.__name__ = run.__qualname__ = getattr(fn, "__name__", "program")
-        traced = jax.jit(run, keep_unused=True).trace(given, args)
+        traced = jax.jit(run).trace(given, args)
     lowered = traced.lower()
     text = lowered.as_text(debug_info=False)
     placed = [(jax.typeof(x), _placement(x)) for x in [*given, *args]]
