@@ -25,7 +25,6 @@ float when given as integer arrays); numpyro's `transforms._InverseTransform` (w
 from __future__ import annotations
 
 import abc
-import contextlib
 import importlib
 import inspect
 import operator
@@ -46,11 +45,6 @@ tfd = tfp.distributions
 tfb = tfp.bijectors
 
 
-# Called once with `numpyro.distributions` when `require_numpyro` first imports it
-# (`_dispatch` registers wrappers with numpyro's own dispatch there).
-ON_NUMPYRO: list[Callable[[Any], None]] = []
-
-
 def require_numpyro() -> Any:
     """Import and return `numpyro.distributions`, or explain which extra to install.
 
@@ -59,16 +53,12 @@ def require_numpyro() -> Any:
     `ImportError` naming the `eqxprob[numpyro]` extra if numpyro is not installed.
     """
     try:
-        module = importlib.import_module("numpyro.distributions")
+        return importlib.import_module("numpyro.distributions")
     except ImportError as e:
         raise ImportError(
             "numpyro is an optional dependency of eqxprob: `pip install -e "
             f"'.[numpyro]'` from eqxprob's clone (or `pip install numpyro`). ({e})"
         ) from e
-    while ON_NUMPYRO:
-        with contextlib.suppress(IndexError):  # (another thread took the last)
-            ON_NUMPYRO.pop()(module)
-    return module
 
 
 def fresh(x: Any) -> Any:
@@ -89,17 +79,44 @@ def as_tuple(shape: Any) -> tuple[int, ...] | Any:
     return tuple(shape) if isinstance(shape, list) else shape
 
 
+class Wrapped(abc.ABC):
+    """An object that stands for the library object it builds: `ep.FixedDistrax`.
+
+    Declared here, below the wrapper, so that the modules the wrapper builds on
+    (the transform protocol, prior supports) recognise one without importing it.
+    """
+
+    cls: type  # the class it builds
+
+    @property
+    @abc.abstractmethod
+    def arguments(self) -> dict[str, Any]:
+        """The constructor arguments by parameter name."""
+
+    @abc.abstractmethod
+    def instantiate(self) -> Any:
+        """The library object."""
+
+
+def raw(x: Any) -> Any:
+    """The library object `x` stands for: a wrapper's, built; else `x` itself."""
+    return x.instantiate() if isinstance(x, Wrapped) else x
+
+
 class Family(abc.ABC):
     """How eqxprob talks to one library of distributions and bijectors.
 
-    Abstract: a family implements `bases`, `event_ndims_in` and either `argument`
-    or `arguments_of`; the rest has defaults.
+    Abstract: a family implements `bases`, `normal`, `event_ndims_in` and either
+    `argument` or `arguments_of`; the rest has defaults.
     """
 
     name: str = ""
     # Whether its objects keep a process-wide cache keyed by array identity, so
     # that every array given to them must be a fresh reference (see the module).
     caches_by_identity: bool = False
+    # Whether `arguments_of` is the library's own contract (TFP's `.parameters`):
+    # else a rebuild from it is accepted only if it holds the very same arrays.
+    arguments_by_contract: bool = False
 
     # --- recognising classes and instances
     def owns(self, cls: type) -> bool:
@@ -112,6 +129,10 @@ class Family(abc.ABC):
 
     def is_distribution_class(self, cls: type) -> bool:
         return issubclass(cls, self.bases()[0])
+
+    @abc.abstractmethod
+    def normal(self) -> type:
+        """The library's own univariate Normal class."""
 
     def abstract_reason(self, cls: type) -> str | None:
         # (distrax.Linear is abstract without saying so.)
@@ -177,6 +198,9 @@ class _Distrax(Family):
     def bases(self) -> tuple[type, type]:
         return distrax.Distribution, distrax.Bijector
 
+    def normal(self) -> type:
+        return distrax.Normal
+
     def static_floats(self, cls: type) -> frozenset[str]:
         # A spline's bounds are compared with each other in Python when it is built.
         spline = issubclass(cls, distrax.RationalQuadraticSpline)
@@ -205,9 +229,13 @@ class _Distrax(Family):
 class _TFP(Family):
     name = "tfp"
     caches_by_identity = True
+    arguments_by_contract = True
 
     def bases(self) -> tuple[type, type]:
         return tfd.Distribution, tfb.Bijector
+
+    def normal(self) -> type:
+        return tfd.Normal
 
     def qualname(self, cls: type) -> str:
         return f"{'tfb' if issubclass(cls, tfb.Bijector) else 'tfd'}.{cls.__name__}"
@@ -283,6 +311,9 @@ class _Numpyro(Family):
     def bases(self) -> tuple[type, type]:
         return require_numpyro().Distribution, require_numpyro().transforms.Transform
 
+    def normal(self) -> type:
+        return require_numpyro().Normal
+
     def static_floats(self, cls: type) -> frozenset[str]:
         dct = getattr(require_numpyro().transforms, "DiscreteCosineTransform", ())
         # (numpyro >= 0.22: `float(smooth)` when built.)
@@ -317,14 +348,6 @@ class _Numpyro(Family):
         return _as_int(getattr(getattr(obj, "domain", None), "event_dim", None))
 
 
-def _np_mode(d: Any) -> Any:
-    try:
-        return d.mode
-    except AttributeError:  # numpyro < 0.22 lacks the property altogether
-        message = f"numpyro.{type(d).__name__} does not implement `mode`."
-        raise NotImplementedError(message) from None
-
-
 def _np_sample(
     d: Any, key: Any = None, sample_shape: Any = (), *, seed: Any = None
 ) -> Any:
@@ -347,8 +370,8 @@ def _np_kl(p: Any, q: Any) -> Any:
     return require_numpyro().kl.kl_divergence(p, q)
 
 
-# The methods numpyro spells differently; the rest (`log_prob`, `cdf`, `entropy`)
-# are called as they are.
+# The uniform methods numpyro lacks or spells differently; the rest (`log_prob`,
+# `cdf`, `entropy`) are its own, as are its properties (`mean`, `variance`, `mode`).
 _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
     "prob": lambda d, x: jnp.exp(d.log_prob(x)),
     "log_cdf": lambda d, x: jnp.log(d.cdf(x)),
@@ -357,9 +380,6 @@ _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
         x := _np_sample(d, *a, **kw),
         d.log_prob(x),
     ),
-    "mean": lambda d: d.mean,
-    "mode": _np_mode,
-    "variance": lambda d: d.variance,
     "stddev": lambda d: jnp.sqrt(d.variance),
     "kl_divergence": _np_kl,
     "cross_entropy": lambda d, q: d.entropy() + _np_kl(d, q),
@@ -396,6 +416,18 @@ def is_raw_bijector(x: Any) -> bool:
 
 def is_raw(x: Any) -> bool:
     return family_of_instance(x) is not None
+
+
+def normal_parameters(x: Any) -> tuple[Any, Any] | None:
+    """`(loc, scale)` of `x` (raw or wrapped) if its class is one of the
+    libraries' own univariate Normal classes, read from the built object (so they
+    have the batch shape); `None` for any other class, a subclass included (it
+    may override `log_prob`)."""
+    obj = raw(x)
+    family = family_of_instance(obj)
+    if family is None or type(obj) is not family.normal():
+        return None
+    return obj.loc, obj.scale
 
 
 def _as_int(value: Any) -> int | None:

@@ -94,7 +94,7 @@ class ParamSpec:
                 f"ParamSpec: `trainable` must be bool or None, got {self.trainable!r}."
             )
         if self.bijector is not None:
-            _transforms.as_transform(self.bijector, "ParamSpec: `bijector`")
+            _constraint.as_transform(self.bijector, "ParamSpec: `bijector`")
         if self.prior is not None and not hasattr(self.prior, "log_prob"):
             raise TypeError(
                 f"ParamSpec: the prior {self.prior!r} has no `log_prob`. Use a "
@@ -119,7 +119,7 @@ class ParamSpec:
     def transform(self) -> Any:
         """`bijector`, else the constraint's default bijector, else the identity."""
         if self.bijector is not None:
-            return _transforms.as_transform(self.bijector, "ParamSpec")
+            return _constraint.as_transform(self.bijector, "ParamSpec")
         if self.constraint is not None:
             return _constraint.default_bijector(self.constraint)
         return _transforms.Identity()
