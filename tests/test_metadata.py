@@ -490,6 +490,28 @@ def test_log_prior_support_through_wrappers_and_special_supports():
         _close(score(prior, inside), expected)
 
 
+def test_a_prior_support_is_decided_by_its_class_not_its_name():
+    # A user's real-line prior that happens to be called `Gamma` is scored by its
+    # own density (it got Gamma's support, -inf below 0); the library's own
+    # Gamma classes keep theirs, raw or wrapped.
+    class Gamma(distrax.Normal):
+        pass
+
+    class M(eqx.Module):
+        x: jax.Array
+
+    def score(prior, value):
+        overrides = {lambda m: m.x: ep.ParamSpec(prior=prior)}
+        return ep.log_prior(M(jnp.asarray(value)), overrides)
+
+    expected = distrax.Normal(0.0, 1.0).log_prob(-1.0)
+    _close(score(Gamma(0.0, 1.0), -1.0), expected)
+    _close(score(ep.FixedDistrax(Gamma, 0.0, 1.0), -1.0), expected)
+    for prior in (distrax.Gamma(2.0, 1.0), tfp.distributions.Gamma(2.0, 1.0)):
+        assert score(prior, -1.0) == -np.inf
+        assert score(ep.FixedDistrax.from_instance(prior), -1.0) == -np.inf
+
+
 def test_a_node_whose_bijector_leaves_an_override_constraint_is_an_error():
     class K(eqx.Module):
         ls: jax.Array = ep.field(constraint=C.positive)
