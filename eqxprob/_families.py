@@ -25,6 +25,7 @@ float when given as integer arrays); numpyro's `transforms._InverseTransform` (w
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import inspect
 import operator
@@ -46,19 +47,51 @@ tfb = tfp.bijectors
 
 
 def require_numpyro() -> Any:
-    """Import and return `numpyro.distributions`, or explain which extra to install.
+    """Import and return `numpyro.distributions` (wrappers registered with its
+    dispatch the first time), or explain which extra to install.
 
     **Raises:**
 
     `ImportError` naming the `eqxprob[numpyro]` extra if numpyro is not installed.
     """
     try:
-        return importlib.import_module("numpyro.distributions")
+        module = importlib.import_module("numpyro.distributions")
     except ImportError as e:
         raise ImportError(
             "numpyro is an optional dependency of eqxprob: `pip install -e "
             f"'.[numpyro]'` from eqxprob's clone (or `pip install numpyro`). ({e})"
         ) from e
+    _register_with_numpyro(module)
+    return module
+
+
+@functools.cache
+def _register_with_numpyro(nd: Any) -> None:
+    """numpyro's `kl_divergence` (multipledispatch) and `vmap_over`
+    (singledispatch) take wrappers, through their public registration: a wrapper
+    stands for the object it builds, so numpyro's own rule for the pair runs."""
+    kl = importlib.import_module("numpyro.distributions.kl").kl_divergence
+    vmap_over = importlib.import_module("numpyro.distributions.batch_util").vmap_over
+    for pair in (
+        (Wrapped, Wrapped),
+        (Wrapped, nd.Distribution),
+        (nd.Distribution, Wrapped),
+    ):
+        kl.add(pair, lambda p, q: kl(raw(p), raw(q)))
+    vmap_over.register(Wrapped, _vmap_over)
+
+
+def _vmap_over(wrapper: Wrapped, **axes: Any) -> Any:
+    """numpyro's `vmap_over(d, loc=0, ...)`: the `in_axes` of `wrapper` for
+    `jax.vmap`, its array arguments named in `axes` mapped, the rest `None`."""
+    paths = jtu.tree_flatten_with_path(wrapper)[0]
+    fields = sorted({path[0].name for path, _ in paths})
+    if unknown := [name for name in axes if name not in fields]:
+        raise TypeError(
+            f"vmap_over(FixedDistrax({wrapper.cls.__name__}), ...): {unknown} not "
+            f"among its array arguments {fields}."
+        )
+    return jtu.tree_map_with_path(lambda path, _: axes.get(path[0].name), wrapper)
 
 
 def fresh(x: Any) -> Any:
@@ -163,7 +196,15 @@ class Family(abc.ABC):
 
     # --- calling: the uniform method set
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(obj, method)(*args, **kwargs)
+        """Call `obj`'s `method`; a KL across numpyro and distrax/TFP is refused."""
+        if method in ("kl_divergence", "cross_entropy") and args:
+            _check_kl(self, obj, method, args[0])
+        return self.method(obj, method)(*args, **kwargs)
+
+    def method(self, obj: Any, name: str) -> Callable[..., Any]:
+        """`obj`'s method `name`, or the family's own where its library lacks or
+        spells it otherwise (the uniform set)."""
+        return getattr(obj, name)
 
     def get(self, obj: Any, name: str) -> Any:
         if name == "event_ndims_in":
@@ -256,16 +297,28 @@ class _TFP(Family):
                 out[name] = jnp.asarray(value, dtype)
         return out
 
-    def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method in _TFP_FALLBACKS and not hasattr(obj, method):
-            return _TFP_FALLBACKS[method](obj, *args, **kwargs)
-        return super().call(obj, method, *args, **kwargs)
+    def method(self, obj: Any, name: str) -> Callable[..., Any]:
+        if name in _TFP_FALLBACKS and not hasattr(obj, name):
+            return functools.partial(_TFP_FALLBACKS[name], obj)
+        return super().method(obj, name)
 
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         return dict(obj.parameters)
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(obj.forward_min_event_ndims)
+
+
+def _check_kl(ours: Family, obj: Any, method: str, other: Any) -> None:
+    """numpyro's KL registry and distrax/TFP's do not know each other's classes."""
+    theirs = family_of_instance(other)
+    if theirs not in (None, ours) and NUMPYRO in (ours, theirs):
+        raise TypeError(
+            f"{method}: the other distribution is a {theirs.qualname(type(other))} "  # pyright: ignore[reportOptionalMemberAccess]
+            f"and this one a {ours.qualname(type(obj))}; numpyro's KL registry and "
+            "distrax/TFP's do not know each other's classes. Wrap both from one "
+            "library or write the KL from their parameters."
+        )
 
 
 def _continuous_parameters(cls: type) -> frozenset[str]:
@@ -325,10 +378,10 @@ class _Numpyro(Family):
             return "is not constructible by itself; pass a concrete transform"
         return super().abstract_reason(cls)
 
-    def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method in _NUMPYRO_METHODS:
-            return _NUMPYRO_METHODS[method](obj, *args, **kwargs)
-        return super().call(obj, method, *args, **kwargs)  # the same spelling
+    def method(self, obj: Any, name: str) -> Callable[..., Any]:
+        if name in _NUMPYRO_METHODS:
+            return functools.partial(_NUMPYRO_METHODS[name], obj)
+        return super().method(obj, name)  # the same spelling
 
     def get(self, obj: Any, name: str) -> Any:
         if name == "dtype":

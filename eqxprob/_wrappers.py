@@ -13,16 +13,12 @@ uniform methods below (one line each) are there because a library lacks or
 misspells them, and go through the family adapter; every other public attribute
 is the built object's own, a method as a `Method` (a PyTree).
 
-Everything specific to a library lives in `_families.py`. Where a library's free
-function dispatches on classes (numpyro's `kl_divergence` and `vmap_over`), wrappers
-are registered through its public API, here (`_register_numpyro`), when a numpyro
-class is first wrapped.
+Everything specific to a library lives in `_families.py`, also how numpyro's free
+functions that dispatch on classes (`kl_divergence`, `vmap_over`) take wrappers.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 from collections.abc import Container, Mapping
 from typing import Any
@@ -49,15 +45,9 @@ def _is_dynamic(x: Any) -> bool:
     return _is_wrapper(x) or eqx.is_array(x)
 
 
-def _is_const(x: Any) -> bool:
-    return isinstance(x, Const)
-
-
 def _family(cls: type) -> Family:
     family = family_of(cls)
     assert family is not None
-    if family is _families.NUMPYRO:
-        _register_numpyro()
     return family
 
 
@@ -83,12 +73,8 @@ class _Static(Const):
         self.dynamic = tuple(n for n in arguments if n in dynamic)
         self.static = tuple((n, v) for n, v in arguments.items() if n not in dynamic)
         self.hidden = frozenset(hidden)  # (the children's structure shows it)
-        super().__init__(
-            self.static, (self.names, self.dynamic, float_key(self.static))
-        )
-
-    def __repr__(self) -> str:
-        return f"_Static({', '.join(f'{n}={v!r}' for n, v in self.static)})"
+        key = (self.names, self.dynamic, float_key(self.static))
+        super().__init__(self.static, key)
 
 
 def _check_class(cls: Any) -> Family:
@@ -96,7 +82,7 @@ def _check_class(cls: Any) -> Family:
     if family is not None:
         if reason := family.abstract_reason(cls):
             raise TypeError(f"FixedDistrax({cls.__name__}): {_qualname(cls)} {reason}.")
-        return _family(cls)
+        return family
     kind = repr(cls)
     if is_raw(cls):
         kind = f"an instance of {type(cls).__name__}"
@@ -193,14 +179,15 @@ def _make(cls: type, static: _Static, children: Any, self: Any = None) -> FixedD
     self = object.__new__(FixedDistrax) if self is None else self
     values = dict(static.static)
     for name, child in zip(static.dynamic, children):
-        unhide = lambda x: x.value if _is_const(x) else x  # noqa: E731
-        hidden = name in static.hidden
-        values[name] = (
-            jtu.tree_map(unhide, child, is_leaf=_is_const) if hidden else child
-        )
+        values[name] = _unhide(child) if name in static.hidden else child
     values.update(cls=cls, _static=static, _children=tuple(children))
     self.__dict__.update(values)
     return self
+
+
+def _unhide(child: Any) -> Any:
+    unhide = lambda x: x.value if isinstance(x, Const) else x  # noqa: E731
+    return jtu.tree_map(unhide, child, is_leaf=lambda x: isinstance(x, Const))
 
 
 class Method(eqx.Module):
@@ -241,7 +228,10 @@ class _Property(_Uniform):
     the family adapter."""
 
     def __get__(self, wrapper: Any, owner: Any = None) -> Any:
-        return self if wrapper is None else _get(wrapper, self.distribution, self.name)
+        if wrapper is None:
+            return self
+        _check_kind(wrapper, self.distribution, self.name)
+        return _family(wrapper.cls).get(_built(wrapper, _caches(wrapper)), self.name)
 
 
 _UNIFORM: dict[str, bool] = {}  # uniform method name -> whether a distribution's
@@ -559,18 +549,20 @@ class FixedDistrax(Wrapped):
 _OWN = frozenset({"cls", "_static", "_children", "arguments", "instantiate"})
 
 
-def _flatten(d: FixedDistrax) -> tuple[tuple, tuple]:
-    return d._children, (d.cls, d._static)
-
-
-def _flatten_with_keys(d: FixedDistrax) -> tuple[tuple, tuple]:
-    keys = map(jtu.GetAttrKey, d._static.dynamic)
-    return tuple(zip(keys, d._children)), (d.cls, d._static)
-
-
+# Children: the array arguments, keyed by name; auxiliary data: the rest.
 jtu.register_pytree_with_keys(
-    FixedDistrax, _flatten_with_keys, lambda aux, xs: _make(*aux, xs), _flatten
+    FixedDistrax,
+    lambda d: (
+        tuple(zip(map(jtu.GetAttrKey, d._static.dynamic), d._children)),
+        _aux(d),
+    ),
+    lambda aux, children: _make(aux[0], aux[1], children),
+    lambda d: (d._children, _aux(d)),
 )
+
+
+def _aux(d: FixedDistrax) -> tuple:
+    return d.cls, d._static
 
 
 def _invoke(wrapper: FixedDistrax, name: str, args: tuple, kwargs: dict) -> Any:
@@ -579,8 +571,6 @@ def _invoke(wrapper: FixedDistrax, name: str, args: tuple, kwargs: dict) -> Any:
     comes back wrapped."""
     if name in _UNIFORM:
         _check_kind(wrapper, _UNIFORM[name], name)
-    if name in ("kl_divergence", "cross_entropy"):
-        check_kl(wrapper, name, next(iter([*args, *kwargs.values()]), None))
     fresh = _caches(wrapper)
     obj, (args, kwargs) = _built(wrapper, fresh), built((args, kwargs), fresh)
     out = _family(wrapper.cls).call(obj, name, *args, **kwargs)
@@ -626,12 +616,6 @@ def _check_kind(wrapper: FixedDistrax, distribution: bool, method: str) -> None:
         )
 
 
-def _get(wrapper: Any, distribution: bool, name: str) -> Any:
-    """Build `wrapper` and read its uniform property `name`."""
-    _check_kind(wrapper, distribution, name)
-    return _family(wrapper.cls).get(_built(wrapper, _caches(wrapper)), name)
-
-
 def _caches(wrapper: FixedDistrax) -> bool:
     """Whether `wrapper` builds any object of a family that caches by identity."""
     if _family(wrapper.cls).caches_by_identity:
@@ -657,7 +641,7 @@ def _built(wrapper: FixedDistrax, fresh_arrays: bool) -> Any:
         return _build(wrapper, fresh_arrays)
     except (TypeError, ValueError) as e:
         message = _failed(wrapper, "cannot be built from its arguments", e) + (
-            ". A field replaced by `eqx.tree_at` needs a shape and dtype it accepts."
+            " (a field replaced by `eqx.tree_at` needs a shape and dtype it accepts)"
         )
         raise (TypeError if isinstance(e, TypeError) else ValueError)(message) from e
 
@@ -666,21 +650,7 @@ def _failed(wrapper: FixedDistrax, what: str, e: Exception) -> str:
     """The message of `e`, raised building `wrapper`: its class and arguments."""
     items = ", ".join(_items(wrapper.arguments))
     name, qualname = wrapper.cls.__name__, _qualname(wrapper.cls)
-    return f"FixedDistrax({name}): {qualname} {what} ({items}): {str(e).rstrip('.')}"
-
-
-def check_kl(wrapper: FixedDistrax, method: str, other: Any) -> None:
-    """numpyro's KL registry and distrax/TFP's do not know each other's classes."""
-    ours = _family(wrapper.cls)
-    cls = other.cls if _is_wrapper(other) else type(other)
-    theirs = family_of(cls) if _is_wrapper(other) else family_of_instance(other)
-    if theirs not in (None, ours) and _families.NUMPYRO in (ours, theirs):
-        raise TypeError(
-            f"FixedDistrax({wrapper.cls.__name__}).{method}: the other distribution "
-            f"is a {theirs.qualname(cls)} and this one a {ours.qualname(wrapper.cls)}; "  # pyright: ignore[reportOptionalMemberAccess]
-            "numpyro's KL registry and distrax/TFP's do not know each other's "
-            "classes. Wrap both from one library or write the KL from their parameters."
-        )
+    return f"FixedDistrax({name}): {qualname} {what} ({items}): {e}"
 
 
 def _format(value: Any) -> str:
@@ -722,38 +692,3 @@ def _kept(family: Family, rebuilt: Any, obj: Any) -> bool:
         return np.array_equal(np.asarray(x), np.asarray(y, x.dtype), equal_nan=True)
 
     return ta == tb and all(map(same, a, b))
-
-
-# --- numpyro's own dispatch ------------------------------------------------------
-
-
-@functools.cache
-def _register_numpyro() -> None:
-    """numpyro's `kl_divergence` (multipledispatch) and `vmap_over`
-    (singledispatch) take wrappers, through their public registration: a wrapper
-    stands for the object it builds, so numpyro's own rule for the pair runs."""
-    kl = importlib.import_module("numpyro.distributions.kl").kl_divergence
-    vmap_over = importlib.import_module("numpyro.distributions.batch_util").vmap_over
-    raw = _families.require_numpyro().Distribution
-    for pair in (
-        (FixedDistrax, FixedDistrax),
-        (FixedDistrax, raw),
-        (raw, FixedDistrax),
-    ):
-        kl.add(pair, lambda p, q: kl(_families.raw(p), _families.raw(q)))
-    vmap_over.register(FixedDistrax, _vmap_over)
-
-
-def _vmap_over(wrapper: FixedDistrax, **axes: Any) -> FixedDistrax:
-    """numpyro's `vmap_over(d, loc=0, ...)`: the `in_axes` of `wrapper` for
-    `jax.vmap`, its array arguments named in `axes` mapped, the rest `None`."""
-    fields = wrapper._static.dynamic
-    unknown = sorted(set(axes) - set(fields))
-    if any(axes[name] is not None for name in unknown):
-        raise TypeError(
-            f"vmap_over(FixedDistrax({wrapper.cls.__name__}), ...): "
-            f"{', '.join(unknown)} not among its array arguments ({', '.join(fields)})."
-        )
-    static = dict(wrapper._static.static)
-    spec = {name: axes.get(name) for name in fields}
-    return FixedDistrax.spec(wrapper.cls, static_arguments=static, **spec)

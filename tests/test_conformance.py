@@ -99,7 +99,7 @@ def _values(name: str, wrapped=None, params=None):
     """(reference value at `params`, value of `wrapped`), defaults: the case's."""
     params = CASES[name].params if params is None else params
     wrapped = CASES[name].make(params, ep.FixedDistrax) if wrapped is None else wrapped
-    (reference, _), (value, _) = _both(name)(params, wrapped)
+    (reference, _), (value, _), _ = _both(name)(params, wrapped)
     return reference, value
 
 
@@ -159,7 +159,7 @@ def test_filter_grad_matches_raw_grad(name):
     case = CASES[name]
     floats = _split(case.params)[0]
     wrapped = case.make(case.params, ep.FixedDistrax)
-    (_, expected), (_, grads) = _both(name)(case.params, wrapped)
+    (_, expected), (_, grads), _ = _both(name)(case.params, wrapped)
     # Leaves of `grads` sit where the corresponding parameters sit in `wrapped`.
     name_of = {id(v): k for k, v in case.params.items()}
     got = {
