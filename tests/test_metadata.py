@@ -646,6 +646,27 @@ def test_a_float32_prior_scores_a_float64_parameter_in_float64():
         np.testing.assert_allclose(float(got), 2 * (np.log(v) - v), rtol=1e-13)
 
 
+def test_a_float32_raw_prior_that_cannot_be_wrapped_scores_in_float64():
+    # distrax's MultivariateNormalTri keeps the lower triangle it computes, so it
+    # is not rebuilt as a wrapper: it is cast as the PyTree it is (it raised a
+    # dtype-promotion error).
+    tril = jnp.array([[1.0, 0.0], [0.5, 2.0]])
+    prior = distrax.MultivariateNormalTri(jnp.zeros(2), tril)  # float32
+
+    class M(eqx.Module):
+        x: jax.Array = ep.field(prior=prior)
+
+    with jax.enable_x64(True):
+        value = jnp.array([0.3, -0.2], jnp.float64)
+        got = ep.log_prior(M(value))
+        assert got.dtype == jnp.float64
+        cov = np.asarray(tril, np.float64) @ np.asarray(tril, np.float64).T
+        v = np.asarray(value)
+        hand = -0.5 * (v @ np.linalg.solve(cov, v) + np.log(np.linalg.det(cov)))
+        # (its cached factor was computed in float32, then cast)
+        np.testing.assert_allclose(float(got), hand - np.log(2 * np.pi), rtol=1e-7)
+
+
 def test_weakly_typed_leaves_come_back_strongly_typed_from_the_batched_path():
     values = [jnp.asarray(0.5 + i) for i in range(6)]  # Python floats: weak types
     assert all(v.weak_type for v in values)
