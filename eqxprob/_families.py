@@ -2,11 +2,16 @@
 
 `FixedDistrax` (in `_wrappers.py`) is family-agnostic: it asks `family_of(cls)` for the
 adapter of a class and goes through it to read the constructor signature, build the
-object and call the uniform method set. Adding a fourth family means writing one more
-`Family` subclass and listing it in `_FAMILIES`.
+object, call methods (`Family.method` fills what a library lacks or misspells) and
+read the uniform properties. Every decision about a class is made here, by the
+class itself (its base classes, `Family.normal`), never by its name. Adding a fourth
+family means writing one more `Family` subclass and listing it in `_FAMILIES`.
+`Wrapped` declares what a wrapper is, for the modules below the wrapper.
 
 numpyro is optional (`pip install -e '.[numpyro]'`): it is imported only when a
-class or object from it is seen, which means the user has it.
+class or object from it is seen, which means the user has it; then wrappers are
+registered with numpyro's `kl_divergence` and `vmap_over`, through their public
+registration (the one place eqxprob registers with another library).
 
 **TFP's bijector cache.** TFP caches bijector results in one store shared by all
 instances, keyed by the *identity* of the input array. A call traced under

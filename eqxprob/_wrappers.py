@@ -77,7 +77,9 @@ class _Static(Const):
         super().__init__(self.static, key)
 
 
-def _check_class(cls: Any) -> Family:
+def _check_class(cls: Any, args: tuple = (), kwargs: Any = None) -> Family:
+    """The family of `cls`, or a `TypeError` saying what `cls` is instead (for a
+    numpyro factory function, the class it returns for `args`, `kwargs`)."""
     family = family_of(cls)
     if family is not None:
         if reason := family.abstract_reason(cls):
@@ -87,11 +89,14 @@ def _check_class(cls: Any) -> Family:
     if is_raw(cls):
         kind = f"an instance of {type(cls).__name__}"
     elif callable(cls) and getattr(cls, "__module__", "").startswith("numpyro."):
+        try:  # (which class it returns here; its own error otherwise)
+            made = type(cls(*built(args), **built(kwargs or {}))).__name__
+        except Exception:  # noqa: BLE001
+            made = "CategoricalLogits` for `Categorical(logits=...)"
         kind += (
-            ", a numpyro factory function, not a class (it returns an object of a "
-            "class it picks from the arguments: wrap that class, e.g. `numpyro."
-            "distributions.CategoricalLogits` for `Categorical(logits=...)`, "
-            "`LeftTruncatedDistribution` for `TruncatedDistribution(d, low=...)`)"
+            ", a numpyro factory function, not a class: wrap the class it returns, "
+            f"`numpyro.distributions.{made}` (or call it on `d.instantiate()` for "
+            "the raw object)"
         )
     raise TypeError(
         "FixedDistrax expects a distrax, TFP-JAX or numpyro distribution or bijector "
@@ -107,7 +112,7 @@ def _bind(
     `inspect.Signature.bind` finds them (`bind_partial` for a `spec`, given its
     static arguments). An unknown keyword is named first, before `bind` would
     report a missing argument instead."""
-    family = _check_class(cls)
+    family = _check_class(cls, args, kwargs)
     signature = family.signature(cls)
     parameters = signature.parameters.values()
     named = [p.name for p in parameters if p.kind in _KEYWORD]

@@ -675,6 +675,20 @@ def test_numpyro_to_event_returns_a_wrapper_with_gradients():
 def test_numpyro_factory_functions_are_refused_with_the_class_to_use():
     with pytest.raises(TypeError, match="factory function.*CategoricalLogits"):
         ep.FixedDistrax(nd.Categorical, logits=jnp.zeros(3))  # pyright: ignore[reportArgumentType]
+    # numpyro's truncation checks its base's class: the message names the class
+    # to wrap for these arguments, and the raw way; the class wrapped works.
+    base = ep.FixedDistrax(nd.Normal, jnp.zeros(2), jnp.ones(2))
+    with pytest.raises(TypeError, match=r"LeftTruncatedDistribution.*d\.instantiate"):
+        ep.FixedDistrax(nd.TruncatedDistribution, base, low=0.0)  # pyright: ignore[reportArgumentType]
+    x = jnp.array([0.5, 1.0])
+    raw = nd.TruncatedDistribution(base.instantiate(), low=0.0)
+    wrapped = ep.FixedDistrax(nd.LeftTruncatedDistribution, base, low=0.0)
+    _close(wrapped.log_prob(x), raw.log_prob(x))
+    grads = eqx.filter_grad(lambda d: d.log_prob(x).sum())(wrapped)
+    hand = jax.grad(
+        lambda m: nd.TruncatedDistribution(nd.Normal(m, 1.0), low=0.0).log_prob(x).sum()
+    )
+    _close(grads.base_dist.loc, hand(jnp.zeros(2)))
 
 
 def test_numpyro_serialise_in_process():
