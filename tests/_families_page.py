@@ -62,7 +62,8 @@ are rejected; leave such arguments at their defaults.
 `eqx.tree_at` put there), in every context: eagerly, under `jax.jit`, `jax.vmap`
 and `eqx.filter_grad`, in a where-function at any depth, after a `tree_at` that put
 a non-array there, on a partitioned tree. Static arguments (ints, strings, `None`,
-callables) are attributes too. The library's own value of that name, where it
+callables, an explicit `None`) are attributes too; an argument left out is not
+one, so its name is the library's. The library's own value of that name, where it
 differs (distrax's `Categorical` normalises `probs`, `MultivariateNormalTri` keeps
 the lower triangle of `scale_tri`, distrax and numpyro broadcast `loc` and `scale`
 to the batch shape, numpyro's `NegativeBinomial2` computes a `mean` property from
@@ -102,7 +103,9 @@ bug unless it meets one of these differences, which are by design:
 - **An argument is the attribute** (above): where the library keeps a broadcast,
   normalised or computed array under an argument's name, `d.x` is still the
   argument, so that where-functions and gradients name what you gave; the
-  library's is `d.instantiate().x`.
+  library's is `d.instantiate().x`. So is an argument given as `None`: numpyro's
+  `Wishart(c, None, None, scale_tril)` has `d.scale_matrix` `None`; leave the
+  argument out and `d.scale_matrix` is numpyro's own, computed one.
 - **A raw distribution or bijector as an argument** is rejected: its arrays would
   be hidden from JAX. Wrap it too.
 - **The additions** (above) are there on every wrapper.

@@ -158,6 +158,12 @@ def test_everything_else_is_the_librarys_own_kind():
     assert numpyro_d.support is raw.support
     _close(distrax_d.mean(), loc)
     _close(eqx.filter_jit(distrax_d.variance)(), scale**2)  # a bound method, a PyTree
+    # An argument given as None is the attribute; one left out is the library's.
+    tril = jnp.array([[1.0, 0.0], [0.5, 2.0]])
+    given = ep.FixedDistrax(nd.MultivariateNormal, jnp.zeros(2), None, None, tril)
+    assert given.covariance_matrix is None
+    left_out = ep.FixedDistrax(nd.MultivariateNormal, jnp.zeros(2), scale_tril=tril)
+    _close(left_out.covariance_matrix, tril @ tril.T)
     # An argument named like a uniform attribute is the argument (distrax's
     # Categorical `dtype`); the uniform one stays reachable through the class.
     categorical = ep.FixedDistrax(distrax.Categorical, jnp.zeros(3), dtype=int)
