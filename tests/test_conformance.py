@@ -23,6 +23,7 @@ from _cases import (
     DISTRAX,
     DISTRAX_NOT_CONSTRUCTIBLE,
     FLOAT64_WARNING_UPSTREAM,
+    INPUTS,
     NOT_STRICT_UPSTREAM,
     NUMPYRO_DISTRIBUTIONS,
     NUMPYRO_TRANSFORMS,
@@ -60,8 +61,15 @@ def _raw_sample(obj, key, sample_shape=()):
 @functools.cache
 def _input(name: str):
     """The point every test of the case evaluates at: a bijector case's `x`, a
-    sample of the raw distribution (drawn in `_both`'s compiled program)."""
+    point of `_cases.INPUTS` (of the sample's shape and dtype), else a sample of
+    the raw distribution (drawn in `_both`'s compiled program)."""
     case = CASES[name]
+    if name in INPUTS:
+        sample = jax.eval_shape(
+            lambda p: _raw_sample(case.make(p, RAW), KEY), case.params
+        )
+        given = INPUTS[name]
+        assert (given.shape, given.dtype) == (sample.shape, sample.dtype), name
     return _both(name)(case.params, case.make(case.params, ep.FixedDistrax))[2]
 
 
@@ -87,12 +95,13 @@ def _both(name: str):
     def both(floats, others, w, base, x):
         # (`x` an argument: TFP's cache, keyed by the input's identity, must not
         # see one array in two traces.)
-        if case.kind == "dist":  # (from the case's own params, whatever `params`)
+        if case.kind == "dist" and name not in INPUTS:  # (from the case's params)
             key = jax.random.PRNGKey(42)
             x = jax.lax.stop_gradient(_raw_sample(case.make(base, RAW), key))
         return raw(floats, others, x), wrapped(w, x), x
 
-    return lambda params, w: both(*_split(params), w, case.params, case.x)
+    x = INPUTS.get(name, case.x)
+    return lambda params, w: both(*_split(params), w, case.params, x)
 
 
 def _values(name: str, wrapped=None, params=None):
@@ -112,7 +121,14 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol, atol)
 
 
-@pytest.fixture(params=NAMES, ids=NAMES)
+def _grouped(names):
+    """The cases as parameters, each in an xdist group of its own (`make test`
+    runs `--dist=loadgroup`): one worker runs all of a case's tests, so its
+    program (`_both`) is compiled once, not once per worker."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(n), id=n) for n in names]
+
+
+@pytest.fixture(params=_grouped(NAMES))
 def name(request) -> str:
     return request.param
 
@@ -154,7 +170,7 @@ def test_leaves_are_exactly_the_array_arguments(name):
 WITH_FLOATS = [n for n in NAMES if _split(CASES[n].params)[0]]
 
 
-@pytest.mark.parametrize("name", WITH_FLOATS)
+@pytest.mark.parametrize("name", _grouped(WITH_FLOATS))
 def test_filter_grad_matches_raw_grad(name):
     case = CASES[name]
     floats = _split(case.params)[0]
@@ -216,7 +232,7 @@ def _has_array_argument(name: str) -> bool:
 WITH_ARRAYS = [n for n in NAMES if _has_array_argument(n)]
 
 
-@pytest.mark.parametrize("name", WITH_ARRAYS)
+@pytest.mark.parametrize("name", _grouped(WITH_ARRAYS))
 def test_tree_at_on_a_parameter(name):
     case = CASES[name]
     wrapped = case.make(case.params, ep.FixedDistrax)
@@ -297,7 +313,9 @@ def test_serialisation_round_trip_is_bit_exact(name):
         np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].kind == "dist"])
+@pytest.mark.parametrize(
+    "name", _grouped([n for n in NAMES if CASES[n].kind == "dist"])
+)
 def test_sample_shapes_and_dtypes_match_raw(name):
     # Shapes only, via `jax.eval_shape`: compiling samplers (gamma-based ones take
     # seconds) for ~70 classes would dominate the suite. Values are compared with
