@@ -36,7 +36,8 @@ library, with its status:
 - **tested**: built in the conformance matrix (`tests/test_conformance.py`, directly
   or nested in another case): its leaves are exactly its array arguments,
   `eqx.filter_grad` equals `jax.grad` of the raw object, and `partition`/`combine`,
-  `tree_map`, `tree_at`, `jit`, `vmap`, `scan`, serialisation and sample shapes hold;
+  `tree_map`, `tree_at`, `jit`, `vmap`, `scan` (their values compared for one class
+  in two, every class traced), serialisation and sample shapes hold;
 - **accepted**: a concrete class that `FixedDistrax` takes, not in the matrix. It goes
   through the same adapter as the tested classes of its family, so it is expected to
   work; a failure is a bug worth reporting;
