@@ -14,10 +14,7 @@ with _warnings.catch_warnings():
     import distrax as _distrax  # noqa: F401
     from tensorflow_probability.substrates import jax as _tfp  # noqa: F401
 
-from . import (
-    _dispatch as _dispatch,  # (registers wrappers with the libraries)
-    constraints as constraints,
-)
+from . import constraints as constraints
 from ._constraint import (
     default_bijector as default_bijector,
     register_bijector as register_bijector,

@@ -4,7 +4,10 @@ A `Constraint` owns everything about its support: `check` (with one tolerance pe
 dtype, `tolerance`), its event dimensionality, the message that says how to fix a
 value outside it, and its default bijector (`bijector`). The
 shortcuts (`ep.positive`, ...) and the registry (`ep.field(constraint=...)`) both
-call `validate` and `default_bijector` here, so there is one rule per constraint.
+call `validate` and `default_bijector` here, so there is one rule per constraint,
+and store every bijector through `as_transform` here (a raw library bijector becomes
+an `ep.FixedDistrax`: the parameter layer sits above the wrapper, the transform
+protocol below it).
 
 **Where to add a constraint:** one subclass of `Constraint` in this file (or your
 own), with `check`, `fix` and `bijector` (the built-in transforms live in
@@ -18,12 +21,15 @@ import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import distrax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from . import _errors, _transforms
+from . import _errors, _families, _transforms
+from ._static import Const
+from ._wrappers import FixedDistrax
 
 
 class Constraint(abc.ABC):
@@ -468,7 +474,31 @@ def default_bijector(constraint: Constraint) -> Any:
             f"No default bijector is registered for {constraint!r}: register one with "
             f"`@ep.register_bijector({type(constraint).__name__})` or pass `bijector=`."
         )
-    return _transforms.as_transform(bijector, f"default_bijector({constraint!r})")
+    return as_transform(bijector, f"default_bijector({constraint!r})")
+
+
+def as_transform(transform: Any, owner: str) -> Any:
+    """`transform` stored as `_transforms.as_transform` keeps it, a raw TFP or
+    numpyro bijector (or a distrax one holding arrays) first rebuilt as an
+    `ep.FixedDistrax`, so that its arrays are leaves. `owner` names the parameter
+    or function for error messages."""
+    if _families.is_raw_bijector(transform) and not _static_distrax(transform):
+        try:
+            transform = FixedDistrax.from_instance(transform)
+        except TypeError as e:
+            raise TypeError(f"{owner}: {e}") from None
+    return _transforms.as_transform(transform, owner)
+
+
+def _static_distrax(transform: Any) -> bool:
+    """A raw distrax bijector without arrays: kept as a static value."""
+    if not isinstance(transform, distrax.Bijector):
+        return False
+    try:
+        hash(Const(transform))
+    except TypeError:
+        return False
+    return True
 
 
 # --- constraints of other libraries ---------------------------------------------

@@ -2,11 +2,16 @@
 
 `FixedDistrax` (in `_wrappers.py`) is family-agnostic: it asks `family_of(cls)` for the
 adapter of a class and goes through it to read the constructor signature, build the
-object and call the uniform method set. Adding a fourth family means writing one more
-`Family` subclass and listing it in `_FAMILIES`.
+object, call methods (`Family.method` fills what a library lacks or misspells) and
+read the uniform properties. Every decision about a class is made here, by the
+class itself (its base classes, `Family.normal`), never by its name. Adding a fourth
+family means writing one more `Family` subclass and listing it in `_FAMILIES`.
+`Wrapped` declares what a wrapper is, for the modules below the wrapper.
 
 numpyro is optional (`pip install -e '.[numpyro]'`): it is imported only when a
-class or object from it is seen, which means the user has it.
+class or object from it is seen, which means the user has it; then wrappers are
+registered with numpyro's `kl_divergence` and `vmap_over`, through their public
+registration (the one place eqxprob registers with another library).
 
 **TFP's bijector cache.** TFP caches bijector results in one store shared by all
 instances, keyed by the *identity* of the input array. A call traced under
@@ -25,7 +30,7 @@ float when given as integer arrays); numpyro's `transforms._InverseTransform` (w
 from __future__ import annotations
 
 import abc
-import contextlib
+import functools
 import importlib
 import inspect
 import operator
@@ -46,13 +51,9 @@ tfd = tfp.distributions
 tfb = tfp.bijectors
 
 
-# Called once with `numpyro.distributions` when `require_numpyro` first imports it
-# (`_dispatch` registers wrappers with numpyro's own dispatch there).
-ON_NUMPYRO: list[Callable[[Any], None]] = []
-
-
 def require_numpyro() -> Any:
-    """Import and return `numpyro.distributions`, or explain which extra to install.
+    """Import and return `numpyro.distributions` (wrappers registered with its
+    dispatch the first time), or explain which extra to install.
 
     **Raises:**
 
@@ -65,10 +66,37 @@ def require_numpyro() -> Any:
             "numpyro is an optional dependency of eqxprob: `pip install -e "
             f"'.[numpyro]'` from eqxprob's clone (or `pip install numpyro`). ({e})"
         ) from e
-    while ON_NUMPYRO:
-        with contextlib.suppress(IndexError):  # (another thread took the last)
-            ON_NUMPYRO.pop()(module)
+    _register_with_numpyro(module)
     return module
+
+
+@functools.cache
+def _register_with_numpyro(nd: Any) -> None:
+    """numpyro's `kl_divergence` (multipledispatch) and `vmap_over`
+    (singledispatch) take wrappers, through their public registration: a wrapper
+    stands for the object it builds, so numpyro's own rule for the pair runs."""
+    kl = importlib.import_module("numpyro.distributions.kl").kl_divergence
+    vmap_over = importlib.import_module("numpyro.distributions.batch_util").vmap_over
+    for pair in (
+        (Wrapped, Wrapped),
+        (Wrapped, nd.Distribution),
+        (nd.Distribution, Wrapped),
+    ):
+        kl.add(pair, lambda p, q: kl(raw(p), raw(q)))
+    vmap_over.register(Wrapped, _vmap_over)
+
+
+def _vmap_over(wrapper: Wrapped, **axes: Any) -> Any:
+    """numpyro's `vmap_over(d, loc=0, ...)`: the `in_axes` of `wrapper` for
+    `jax.vmap`, its array arguments named in `axes` mapped, the rest `None`."""
+    paths = jtu.tree_flatten_with_path(wrapper)[0]
+    fields = sorted({path[0].name for path, _ in paths})
+    if unknown := [name for name in axes if name not in fields]:
+        raise TypeError(
+            f"vmap_over(FixedDistrax({wrapper.cls.__name__}), ...): {unknown} not "
+            f"among its array arguments {fields}."
+        )
+    return jtu.tree_map_with_path(lambda path, _: axes.get(path[0].name), wrapper)
 
 
 def fresh(x: Any) -> Any:
@@ -89,17 +117,44 @@ def as_tuple(shape: Any) -> tuple[int, ...] | Any:
     return tuple(shape) if isinstance(shape, list) else shape
 
 
+class Wrapped(abc.ABC):
+    """An object that stands for the library object it builds: `ep.FixedDistrax`.
+
+    Declared here, below the wrapper, so that the modules the wrapper builds on
+    (the transform protocol, prior supports) recognise one without importing it.
+    """
+
+    cls: type  # the class it builds
+
+    @property
+    @abc.abstractmethod
+    def arguments(self) -> dict[str, Any]:
+        """The constructor arguments by parameter name."""
+
+    @abc.abstractmethod
+    def instantiate(self) -> Any:
+        """The library object."""
+
+
+def raw(x: Any) -> Any:
+    """The library object `x` stands for: a wrapper's, built; else `x` itself."""
+    return x.instantiate() if isinstance(x, Wrapped) else x
+
+
 class Family(abc.ABC):
     """How eqxprob talks to one library of distributions and bijectors.
 
-    Abstract: a family implements `bases`, `event_ndims_in` and either `argument`
-    or `arguments_of`; the rest has defaults.
+    Abstract: a family implements `bases`, `normal`, `event_ndims_in` and either
+    `argument` or `arguments_of`; the rest has defaults.
     """
 
     name: str = ""
     # Whether its objects keep a process-wide cache keyed by array identity, so
     # that every array given to them must be a fresh reference (see the module).
     caches_by_identity: bool = False
+    # Whether `arguments_of` is the library's own contract (TFP's `.parameters`):
+    # else a rebuild from it is accepted only if it holds the very same arrays.
+    arguments_by_contract: bool = False
 
     # --- recognising classes and instances
     def owns(self, cls: type) -> bool:
@@ -112,6 +167,10 @@ class Family(abc.ABC):
 
     def is_distribution_class(self, cls: type) -> bool:
         return issubclass(cls, self.bases()[0])
+
+    @abc.abstractmethod
+    def normal(self) -> type:
+        """The library's own univariate Normal class."""
 
     def abstract_reason(self, cls: type) -> str | None:
         # (distrax.Linear is abstract without saying so.)
@@ -142,7 +201,15 @@ class Family(abc.ABC):
 
     # --- calling: the uniform method set
     def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(obj, method)(*args, **kwargs)
+        """Call `obj`'s `method`; a KL across numpyro and distrax/TFP is refused."""
+        if method in ("kl_divergence", "cross_entropy") and args:
+            _check_kl(self, obj, method, args[0])
+        return self.method(obj, method)(*args, **kwargs)
+
+    def method(self, obj: Any, name: str) -> Callable[..., Any]:
+        """`obj`'s method `name`, or the family's own where its library lacks or
+        spells it otherwise (the uniform set)."""
+        return getattr(obj, name)
 
     def get(self, obj: Any, name: str) -> Any:
         if name == "event_ndims_in":
@@ -177,6 +244,9 @@ class _Distrax(Family):
     def bases(self) -> tuple[type, type]:
         return distrax.Distribution, distrax.Bijector
 
+    def normal(self) -> type:
+        return distrax.Normal
+
     def static_floats(self, cls: type) -> frozenset[str]:
         # A spline's bounds are compared with each other in Python when it is built.
         spline = issubclass(cls, distrax.RationalQuadraticSpline)
@@ -205,9 +275,13 @@ class _Distrax(Family):
 class _TFP(Family):
     name = "tfp"
     caches_by_identity = True
+    arguments_by_contract = True
 
     def bases(self) -> tuple[type, type]:
         return tfd.Distribution, tfb.Bijector
+
+    def normal(self) -> type:
+        return tfd.Normal
 
     def qualname(self, cls: type) -> str:
         return f"{'tfb' if issubclass(cls, tfb.Bijector) else 'tfd'}.{cls.__name__}"
@@ -228,16 +302,28 @@ class _TFP(Family):
                 out[name] = jnp.asarray(value, dtype)
         return out
 
-    def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method in _TFP_FALLBACKS and not hasattr(obj, method):
-            return _TFP_FALLBACKS[method](obj, *args, **kwargs)
-        return super().call(obj, method, *args, **kwargs)
+    def method(self, obj: Any, name: str) -> Callable[..., Any]:
+        if name in _TFP_FALLBACKS and not hasattr(obj, name):
+            return functools.partial(_TFP_FALLBACKS[name], obj)
+        return super().method(obj, name)
 
     def arguments_of(self, obj: Any) -> dict[str, Any]:
         return dict(obj.parameters)
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(obj.forward_min_event_ndims)
+
+
+def _check_kl(ours: Family, obj: Any, method: str, other: Any) -> None:
+    """numpyro's KL registry and distrax/TFP's do not know each other's classes."""
+    theirs = family_of_instance(other)
+    if theirs not in (None, ours) and NUMPYRO in (ours, theirs):
+        raise TypeError(
+            f"{method}: the other distribution is a {theirs.qualname(type(other))} "  # pyright: ignore[reportOptionalMemberAccess]
+            f"and this one a {ours.qualname(type(obj))}; numpyro's KL registry and "
+            "distrax/TFP's do not know each other's classes. Wrap both from one "
+            "library or write the KL from their parameters."
+        )
 
 
 def _continuous_parameters(cls: type) -> frozenset[str]:
@@ -283,6 +369,9 @@ class _Numpyro(Family):
     def bases(self) -> tuple[type, type]:
         return require_numpyro().Distribution, require_numpyro().transforms.Transform
 
+    def normal(self) -> type:
+        return require_numpyro().Normal
+
     def static_floats(self, cls: type) -> frozenset[str]:
         dct = getattr(require_numpyro().transforms, "DiscreteCosineTransform", ())
         # (numpyro >= 0.22: `float(smooth)` when built.)
@@ -294,10 +383,10 @@ class _Numpyro(Family):
             return "is not constructible by itself; pass a concrete transform"
         return super().abstract_reason(cls)
 
-    def call(self, obj: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method in _NUMPYRO_METHODS:
-            return _NUMPYRO_METHODS[method](obj, *args, **kwargs)
-        return super().call(obj, method, *args, **kwargs)  # the same spelling
+    def method(self, obj: Any, name: str) -> Callable[..., Any]:
+        if name in _NUMPYRO_METHODS:
+            return functools.partial(_NUMPYRO_METHODS[name], obj)
+        return super().method(obj, name)  # the same spelling
 
     def get(self, obj: Any, name: str) -> Any:
         if name == "dtype":
@@ -315,14 +404,6 @@ class _Numpyro(Family):
 
     def event_ndims_in(self, obj: Any) -> int | None:
         return _as_int(getattr(getattr(obj, "domain", None), "event_dim", None))
-
-
-def _np_mode(d: Any) -> Any:
-    try:
-        return d.mode
-    except AttributeError:  # numpyro < 0.22 lacks the property altogether
-        message = f"numpyro.{type(d).__name__} does not implement `mode`."
-        raise NotImplementedError(message) from None
 
 
 def _np_sample(
@@ -347,8 +428,8 @@ def _np_kl(p: Any, q: Any) -> Any:
     return require_numpyro().kl.kl_divergence(p, q)
 
 
-# The methods numpyro spells differently; the rest (`log_prob`, `cdf`, `entropy`)
-# are called as they are.
+# The uniform methods numpyro lacks or spells differently; the rest (`log_prob`,
+# `cdf`, `entropy`) are its own, as are its properties (`mean`, `variance`, `mode`).
 _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
     "prob": lambda d, x: jnp.exp(d.log_prob(x)),
     "log_cdf": lambda d, x: jnp.log(d.cdf(x)),
@@ -357,9 +438,6 @@ _NUMPYRO_METHODS: dict[str, Callable[..., Any]] = {
         x := _np_sample(d, *a, **kw),
         d.log_prob(x),
     ),
-    "mean": lambda d: d.mean,
-    "mode": _np_mode,
-    "variance": lambda d: d.variance,
     "stddev": lambda d: jnp.sqrt(d.variance),
     "kl_divergence": _np_kl,
     "cross_entropy": lambda d, q: d.entropy() + _np_kl(d, q),
@@ -396,6 +474,18 @@ def is_raw_bijector(x: Any) -> bool:
 
 def is_raw(x: Any) -> bool:
     return family_of_instance(x) is not None
+
+
+def normal_parameters(x: Any) -> tuple[Any, Any] | None:
+    """`(loc, scale)` of `x` (raw or wrapped) if its class is one of the
+    libraries' own univariate Normal classes, read from the built object (so they
+    have the batch shape); `None` for any other class, a subclass included (it
+    may override `log_prob`)."""
+    obj = raw(x)
+    family = family_of_instance(obj)
+    if family is None or type(obj) is not family.normal():
+        return None
+    return obj.loc, obj.scale
 
 
 def _as_int(value: Any) -> int | None:

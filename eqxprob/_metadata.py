@@ -17,6 +17,7 @@ Every transform goes through `_transforms` and every check through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class ParamSpec:
                 f"ParamSpec: `trainable` must be bool or None, got {self.trainable!r}."
             )
         if self.bijector is not None:
-            _transforms.as_transform(self.bijector, "ParamSpec: `bijector`")
+            _constraint.as_transform(self.bijector, "ParamSpec: `bijector`")
         if self.prior is not None and not hasattr(self.prior, "log_prob"):
             raise TypeError(
                 f"ParamSpec: the prior {self.prior!r} has no `log_prob`. Use a "
@@ -119,7 +120,7 @@ class ParamSpec:
     def transform(self) -> Any:
         """`bijector`, else the constraint's default bijector, else the identity."""
         if self.bijector is not None:
-            return _transforms.as_transform(self.bijector, "ParamSpec")
+            return _constraint.as_transform(self.bijector, "ParamSpec")
         if self.constraint is not None:
             return _constraint.default_bijector(self.constraint)
         return _transforms.Identity()
@@ -620,8 +621,9 @@ def in_dtype(prior: Any, dtype: Any) -> Any:
     """`prior` with its float arrays in `dtype`, so a parameter is scored in its
     own precision: a float32 prior (say built at import, before x64 was enabled)
     never silently promotes a float64 parameter's log-density, nor a float64
-    prior a float32 one. A raw prior that needs a cast is wrapped first; one that
-    cannot be wrapped is returned unchanged."""
+    prior a float32 one. A raw prior that needs a cast is wrapped first (so that
+    what it computes from its arguments is computed in `dtype`); one that cannot
+    be wrapped is cast as the PyTree it is, its cached arrays included."""
 
     def cast(x: Any) -> bool:
         floating = eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
@@ -629,11 +631,9 @@ def in_dtype(prior: Any, dtype: Any) -> Any:
 
     if not any(map(cast, jtu.tree_leaves(prior))):
         return prior
-    try:
-        wrapped = FixedDistrax.from_instance(prior)
-    except TypeError:
-        return prior
-    return jtu.tree_map(lambda x: x.astype(dtype) if cast(x) else x, wrapped)
+    with contextlib.suppress(TypeError):
+        prior = FixedDistrax.from_instance(prior)
+    return jtu.tree_map(lambda x: x.astype(dtype) if cast(x) else x, prior)
 
 
 def score_prior(label: str, prior: Any, value: Any) -> Array:

@@ -173,7 +173,7 @@ class Bijector(Node):
     transform: Any
 
     def __init__(self, param: Any, transform: Any):
-        self.transform = _transforms.as_transform(transform, "ep.Bijector")
+        self.transform = _constraint.as_transform(transform, "ep.Bijector")
         if not _is_array_like(param):
             leaves = jtu.tree_leaves(param, is_leaf=is_node)
             if not leaves or not all(eqx.is_array(x) or is_node(x) for x in leaves):
@@ -296,7 +296,7 @@ def _from_value(value: Any, constraint: Any, name: str, transform=None) -> Bijec
         if constraint is None:
             raise TypeError(f"{name}: pass a `transform` or a `constraint`.")
         transform = _constraint.default_bijector(constraint)
-    transform = _transforms.as_transform(transform, name)
+    transform = _constraint.as_transform(transform, name)
     param = to_unconstrained(value, transform, constraint, name, probe=probe)
     return Bijector(param, transform)
 

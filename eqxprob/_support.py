@@ -3,8 +3,9 @@
 distrax and TFP continue a density's formula outside its support (TFP's
 `Exponential(1e-5).log_prob(-1.)` is a finite -11.5, distrax's `Gamma` gives NaN);
 numpyro distributions carry a `support` constraint. `in_support` answers for all
-three: numpyro's own `support`, else a table of supports by class name for the
-distrax/TFP classes most used as priors.
+three: numpyro's own `support`, else a table of supports by class (the class
+itself, not a subclass, which may define another support) for the distrax/TFP
+classes most used as priors.
 
 **Where to add a prior's support:** one line in `_RULES`.
 """
@@ -14,12 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import distrax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
+from tensorflow_probability.substrates import jax as tfp
 
 from . import _constraint, _errors
-from ._families import as_tuple
+from ._families import NUMPYRO, as_tuple, family_of_instance, raw
+
+
+tfd = tfp.distributions
 
 
 def _simplex(d: Any, v: Array) -> Array:
@@ -45,29 +51,34 @@ def _lkj(d: Any, v: Array) -> Array:
     return _constraint.positive_definite.check(v) & unit
 
 
-_NONNEGATIVE = """Chi Chi2 Exponential Gamma HalfCauchy HalfNormal HalfStudentT
-    InverseGamma InverseGaussian LogLogistic LogNormal Weibull""".split()
-_RULES: dict[str, Callable[[Any, Array], Array]] = {
+_NONNEGATIVE = [
+    tfd.Chi, tfd.Chi2, tfd.Exponential, tfd.Gamma, distrax.Gamma, tfd.HalfCauchy,
+    tfd.HalfNormal, tfd.HalfStudentT, tfd.InverseGamma, tfd.InverseGaussian,
+    tfd.LogLogistic, tfd.LogNormal, tfd.Weibull,
+]  # fmt: skip
+_RULES: dict[type, Callable[[Any, Array], Array]] = {
     **dict.fromkeys(_NONNEGATIVE, lambda d, v: v >= 0),
-    **dict.fromkeys(["Beta", "Kumaraswamy"], lambda d, v: (v >= 0) & (v <= 1)),
     **dict.fromkeys(
-        ["Uniform", "TruncatedNormal"], lambda d, v: (v >= d.low) & (v <= d.high)
+        [tfd.Beta, distrax.Beta, tfd.Kumaraswamy], lambda d, v: (v >= 0) & (v <= 1)
     ),
-    **dict.fromkeys(["Poisson", "Geometric", "NegativeBinomial"], _integer),
     **dict.fromkeys(
-        ["CholeskyLKJ", "LKJCholesky"], lambda d, v: _constraint.corr_cholesky.check(v)
+        [tfd.Uniform, distrax.Uniform, tfd.TruncatedNormal],
+        lambda d, v: (v >= d.low) & (v <= d.high),
     ),
-    "Pareto": lambda d, v: v >= d.scale,
-    "Dirichlet": _simplex,
-    "WishartTriL": _wishart,
-    "LKJ": _lkj,
-    "Binomial": lambda d, v: _integer(d, v) & (v <= d.total_count),
-    "Bernoulli": lambda d, v: (v == 0) | (v == 1),
+    **dict.fromkeys([tfd.Poisson, tfd.Geometric, tfd.NegativeBinomial], _integer),
+    tfd.CholeskyLKJ: lambda d, v: _constraint.corr_cholesky.check(v),
+    tfd.Pareto: lambda d, v: v >= d.scale,
+    tfd.Dirichlet: _simplex,
+    distrax.Dirichlet: _simplex,
+    tfd.WishartTriL: _wishart,
+    tfd.LKJ: _lkj,
+    tfd.Binomial: lambda d, v: _integer(d, v) & (v <= d.total_count),
+    **dict.fromkeys(
+        [tfd.Bernoulli, distrax.Bernoulli], lambda d, v: (v == 0) | (v == 1)
+    ),
 }
-
-
-def _raw(prior: Any) -> Any:
-    return prior.instantiate() if hasattr(type(prior), "instantiate") else prior
+_INDEPENDENT = (tfd.Independent, distrax.Independent)
+_TRANSFORMED = (tfd.TransformedDistribution, distrax.Transformed)
 
 
 def _all_last(ok: Array, k: int) -> Array:
@@ -79,23 +90,21 @@ def in_support(prior: Any, value: Array) -> Array | None:
     or `None` when the support is unknown (then the library's own answer
     stands). Wrappers (`Independent`, `Sample`, transformed distributions) are
     answered through their base distribution."""
-    raw = _raw(prior)
-    support = getattr(raw, "support", None)
-    if support is not None and type(support).__module__.startswith("numpyro"):
-        return jnp.asarray(support(value))
-    name = type(raw).__name__
-    value = jnp.asarray(value)
-    if name in ("Independent", "Sample"):  # distrax and TFP; TFP
-        base = in_support(raw.distribution, value)
-        if name == "Independent":
-            k = raw.reinterpreted_batch_ndims
+    d = raw(prior)
+    if family_of_instance(d) is NUMPYRO:
+        return jnp.asarray(d.support(value))
+    cls, value = type(d), jnp.asarray(value)
+    if cls in (*_INDEPENDENT, tfd.Sample):
+        base = in_support(d.distribution, value)
+        if cls in _INDEPENDENT:
+            k = d.reinterpreted_batch_ndims
         else:
-            k = len(np.atleast_1d(np.asarray(raw.sample_shape)))
+            k = len(np.atleast_1d(np.asarray(d.sample_shape)))
         return None if base is None else _all_last(base, k)
-    if name in ("Transformed", "TransformedDistribution"):  # distrax, TFP
-        x = raw.bijector.inverse(value)
-        base = in_support(raw.distribution, x)
-        finite = _all_last(jnp.isfinite(x), len(as_tuple(raw.distribution.event_shape)))
+    if cls in _TRANSFORMED:
+        x = d.bijector.inverse(value)
+        base = in_support(d.distribution, x)
+        finite = _all_last(jnp.isfinite(x), len(as_tuple(d.distribution.event_shape)))
         return finite if base is None else finite & base
-    rule = _RULES.get(name)
-    return None if rule is None else rule(raw, value)
+    rule = _RULES.get(cls)
+    return None if rule is None else rule(d, value)

@@ -3,9 +3,11 @@
 Every place that applies a bijector (`ep.Bijector`, `ep.resolve`, the shortcuts,
 `ep.unconstrain`/`constrain`/`parameterize`/`log_prior`, `ep.log_det_jacobian`)
 goes through `as_transform` (storage), `forward`, `inverse` and `log_det` here. They
-accept a `FixedDistrax` bijector, a raw distrax/TFP/numpyro bijector (rebuilt as a
-wrapper by `FixedDistrax.from_instance`), a plain callable (forward only) and whatever
-a registered factory returns.
+accept a wrapped bijector (`ep.FixedDistrax`, known here as `_families.Wrapped`, so
+that this protocol sits below the wrapper), a raw distrax bijector without arrays, a
+built-in bijector, a plain callable (forward only) and any PyTree with `forward`. The
+parameter layer (`_constraint.as_transform`) rebuilds any other raw library bijector
+as a wrapper before it is stored here.
 
 The built-in bijectors are small `eqx.Module`s (subclasses of `BuiltIn`) rather
 than `FixedDistrax(tfb.X)`; they agree with TFP to rounding (see the tests). Each
@@ -21,7 +23,6 @@ pushed back to unconstrained space through them integrates to one.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -33,9 +34,14 @@ import jax.tree_util as jtu
 import numpy as np
 import wadler_lindig as wl
 from jaxtyping import Array
+from tensorflow_probability.substrates import jax as tfp
 
 from . import _errors, _families
-from ._wrappers import Const, FixedDistrax, tfb
+from ._families import Wrapped
+from ._static import Const
+
+
+tfb = tfp.bijectors
 
 
 # ------------------------------------------------------------ built-in bijectors
@@ -346,30 +352,34 @@ class Static(eqx.Module):
 
 
 def as_transform(transform: Any, owner: str) -> Any:
-    """Store `transform` as a proper pytree, or as a static and hashable value.
+    """Store `transform` as a proper pytree, or as a static and hashable value (a
+    raw distrax bijector without arrays, a function).
 
-    `owner` names the parameter or function for error messages.
+    `owner` names the parameter or function for error messages. A raw library
+    object with arrays is refused: the parameter layer wraps it first.
     """
     if isinstance(transform, (Static, BuiltIn)):
         return transform
-    if isinstance(transform, FixedDistrax):
-        if transform.is_distribution:
+    if isinstance(transform, Wrapped):
+        if _families.family_of(transform.cls).is_distribution_class(transform.cls):  # pyright: ignore[reportOptionalMemberAccess]
             raise TypeError(
                 f"{owner}: the bijector {transform!r} wraps a distribution; pass a "
                 "bijector, e.g. `ep.FixedDistrax(tfb.Softplus)`."
             )
         return transform
-    if isinstance(transform, distrax.Bijector):
-        with contextlib.suppress(TypeError):  # without arrays: static, by value
-            hash(held := Const(transform))
-            return Static(held)
     if _families.is_raw_bijector(transform):
         try:
-            return FixedDistrax.from_instance(transform)  # TFP, numpyro, distrax
-        except TypeError as e:
-            raise TypeError(f"{owner}: {e}") from None
-    if isinstance(transform, (distrax.Distribution, jax.Array, np.ndarray)) or not (
-        callable(transform) or hasattr(transform, "forward")
+            hash(held := Const(transform))
+        except TypeError:
+            raise TypeError(
+                f"{owner}: the raw bijector {transform!r} holds arrays; pass it as "
+                "`ep.FixedDistrax(cls, ...)`."
+            ) from None
+        return Static(held)
+    if (
+        _families.is_raw(transform)
+        or isinstance(transform, (jax.Array, np.ndarray))
+        or not (callable(transform) or hasattr(transform, "forward"))
     ):
         raise TypeError(
             f"{owner}: a bijector must be an `ep.FixedDistrax` bijector, a distrax "
@@ -430,8 +440,8 @@ def event_ndim(transform: Any) -> int | None:
     held = _held(transform)
     if isinstance(held, BuiltIn):
         return held.event_ndim
-    if isinstance(held, (FixedDistrax, distrax.Bijector)):
-        return held.event_ndims_in
+    if isinstance(held, (Wrapped, distrax.Bijector)):
+        return held.event_ndims_in  # pyright: ignore[reportAttributeAccessIssue]
     return None
 
 
@@ -446,7 +456,7 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
         batch = x.shape[: x.ndim - ndim]
         value = jnp.broadcast_to(value, jnp.broadcast_shapes(batch, value.shape))
     held = _held(transform)
-    if isinstance(held, FixedDistrax) and _holds_softmax_centered(held):
+    if isinstance(held, Wrapped) and _holds_softmax_centered(held):
         if held.cls is not tfb.SoftmaxCentered:
             raise TypeError(
                 f"{owner}: the bijector {describe(transform)} contains "
@@ -459,8 +469,8 @@ def log_det(transform: Any, x: Array, owner: str) -> Array:
     return value
 
 
-def _holds_softmax_centered(wrapper: FixedDistrax) -> bool:
-    is_wrapper = lambda x: isinstance(x, FixedDistrax)  # noqa: E731
+def _holds_softmax_centered(wrapper: Wrapped) -> bool:
+    is_wrapper = lambda x: isinstance(x, Wrapped)  # noqa: E731
     inner = jtu.tree_leaves(wrapper.arguments, is_leaf=is_wrapper)
     return wrapper.cls is tfb.SoftmaxCentered or any(
         is_wrapper(b) and _holds_softmax_centered(b) for b in inner
@@ -483,7 +493,7 @@ def describe(transform: Any) -> str:
     held = _held(transform)
     if isinstance(held, BuiltIn):
         return held.name  # pyright: ignore[reportAttributeAccessIssue]
-    if isinstance(held, FixedDistrax):
+    if isinstance(held, Wrapped):
         return _families.family_of(held.cls).qualname(held.cls)  # pyright: ignore[reportOptionalMemberAccess]
     if isinstance(held, distrax.Bijector):
         return f"distrax.{type(held).__name__}()"

@@ -27,7 +27,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from . import _errors, _metadata, _parameter, _transforms
+from . import _errors, _families, _metadata, _parameter, _transforms
 from ._where import WhereDict
 from ._wrappers import FixedDistrax
 
@@ -197,15 +197,13 @@ class Guide(eqx.Module):
 
 
 def _gaussian_prior(prior: Any, transform: Any) -> tuple | None:
-    """`(loc, scale)` of a univariate Normal prior on an identity-transformed
-    leaf (distrax, TFP, numpyro, wrapped or raw), else `None`."""
-    cls = prior.cls if isinstance(prior, FixedDistrax) else type(prior)
-    if not isinstance(transform, _transforms.Identity) or cls.__name__ != "Normal":
+    """`(loc, scale)` of a prior of one of the libraries' own univariate Normal
+    classes (wrapped or raw; a subclass may override `log_prob`) on an
+    identity-transformed leaf, else `None`."""
+    if not isinstance(transform, _transforms.Identity):
         return None
-    try:
-        return jnp.asarray(prior.loc), jnp.asarray(prior.scale)
-    except AttributeError:
-        return None
+    gaussian = _families.normal_parameters(prior)
+    return None if gaussian is None else tuple(map(jnp.asarray, gaussian))
 
 
 def _check_unconstrained(label: str, prior: Any, value: Array) -> None:

@@ -154,9 +154,9 @@ def _parse(label: str) -> _Steps:
 
 
 def step(tree: Any, name: str) -> Any:
-    """What a key path's `.name` reaches in `tree`: the field as stored (a
-    wrapper's attribute of an argument's name may refuse to read it), else the
-    attribute."""
+    """What a key path's `.name` reaches in `tree`: an Equinox module's field as
+    stored (a property of the same name may shadow it), else the attribute (a
+    wrapper's argument of that name)."""
     if issubclass(type(tree), eqx.Module):
         fields = object.__getattribute__(tree, "__dict__")
         if name in fields:

@@ -204,7 +204,7 @@ class SVGP(eqx.Module):
         lz = jnp.linalg.cholesky(kzz)
         a = jsl.solve_triangular(lz, self.kernel(z, x), lower=True)
         mean = a.T @ self.q_v.loc
-        la = self.q_v.arguments["scale_tri"].T @ a  # (as given: a Cholesky factor)
+        la = self.q_v.scale_tri.T @ a  # (the argument as given: a Cholesky factor)
         var = self.kernel.variance - jnp.sum(a**2, 0) + jnp.sum(la**2, 0)
         return mean, jnp.maximum(var, 1e-12)
 

@@ -8,7 +8,9 @@ test module calls it; distrax's `self.distrax_cls` (set by
 `EquivalenceTest._init_distr_cls`) becomes a subclass whose call does. A test
 whose class is neither is "not applicable" in both modes.
 `--peer-sample=N` keeps one test in N (by a hash of its id, the same in both
-modes); `--peer-report=PATH` writes one JSON line per test.
+modes); `--peer-report=PATH` writes one JSON line per test. In wrapped mode it also
+notes the tests that read an argument of a wrapper (`d.x`, the argument as given)
+where the library's attribute of that name holds another value (`d.instantiate().x`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import zlib
 from typing import Any
 
+import numpy as np
 import pytest
 
 import eqxprob as ep
@@ -67,12 +70,14 @@ def pytest_collection_modifyitems(config: Any, items: list) -> None:
     if config.getoption("--peer-mode") == "wrapped":
         _patch_numpyro()
         _patch_distrax()
+        _patch_eqxprob()
 
 
 # The class under test of each applicable test (`None`: distrax's, set in setUp).
 _UNDER_TEST: dict[str, type | None] = {}
 _CURRENT: list = [None, None, None]  # (the running test's class, module, id)
 _ISINSTANCE_ASKED: set[str] = set()  # tests that asked isinstance(wrapper, cls)
+_ARGUMENT_DIFFERS: set[str] = set()  # tests that read an argument the library changes
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -120,6 +125,42 @@ def _patch_distrax() -> None:
     equivalence.EquivalenceTest._init_distr_cls = init
 
 
+def _patch_eqxprob() -> None:
+    """Note the tests that read `d.x` for an argument `x` whose library value
+    differs (another value, shape or `None`-ness: broadcast, normalised, computed
+    where the argument was `None`)."""
+    original = ep.FixedDistrax.__getattribute__
+
+    def getattribute(self: Any, name: str) -> Any:
+        value = original(self, name)
+        test = _CURRENT[2]
+        if test is None or test in _ARGUMENT_DIFFERS or name.startswith("_"):
+            return value
+        if name in original(self, "__dict__") and name in original(self, "arguments"):
+            try:
+                library = getattr(original(self, "instantiate")(), name)
+            except Exception:  # noqa: BLE001 - nothing to compare with
+                return value
+            if _differs(value, library):
+                _ARGUMENT_DIFFERS.add(test)
+        return value
+
+    ep.FixedDistrax.__getattribute__ = getattribute
+
+
+def _differs(argument: Any, library: Any) -> bool:
+    if argument is library:
+        return False
+    if argument is None or library is None:
+        return True
+    try:
+        if np.shape(argument) != np.shape(library):
+            return True
+        return not np.array_equal(np.asarray(argument), np.asarray(library))
+    except Exception:  # noqa: BLE001 - traced, or not arrays: by shape only
+        return False
+
+
 _RESULTS: dict[str, dict] = {}
 
 
@@ -141,6 +182,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
             entry["error"] = f"skipped: {report.longrepr[2]}"[:300]
         entry["applicable"] = item.nodeid in _UNDER_TEST
         entry["isinstance_asked"] = item.nodeid in _ISINSTANCE_ASKED
+        entry["argument_differs"] = item.nodeid in _ARGUMENT_DIFFERS
         _RESULTS[item.nodeid] = entry
 
 

@@ -654,7 +654,34 @@ CASES: dict[str, Case] = {
     **NUMPYRO_TRANSFORMS,
 }
 
+
 # Public distrax names that are not constructible distributions or bijectors.
+def _i(*values: int) -> jax.Array:
+    return jnp.asarray(values, dtype=jnp.int32)
+
+
+# The point where the conformance tests evaluate a distribution case is a sample
+# of the raw distribution, except for these, whose samplers (gamma-based, rejection
+# loops) would cost most of the matrix's compile time: a point of each support,
+# of the sample's shape and dtype (checked there).
+_UNIT, _POSITIVE, _REAL = a(0.3, 0.5, 0.7), a(0.5, 1.2, 2.5), a(0.3, -1.5, 2.0)
+INPUTS: dict[str, jax.Array] = {
+    **dict.fromkeys(["Beta", "tfd.Beta", "nd.Beta", "nd.BetaProportion"], _UNIT),
+    **dict.fromkeys(
+        "Gamma tfd.Gamma nd.Gamma tfd.InverseGamma nd.InverseGamma nd.Chi2".split(),
+        _POSITIVE,
+    ),
+    **dict.fromkeys(["tfd.StudentT", "nd.StudentT", "tfd.TruncatedNormal"], _REAL / 2),
+    **dict.fromkeys(["Dirichlet", "tfd.Dirichlet", "nd.Dirichlet"], a(0.2, 0.3, 0.5)),
+    **dict.fromkeys(["VonMises", "tfd.VonMises", "nd.VonMises"], _REAL),
+    "tfd.Poisson": a(0.0, 1.0, 3.0),
+    "nd.Poisson": _i(0, 1, 3),
+    "nd.NegativeBinomial2": _i(0, 2, 5),
+    "nd.BinomialLogits": _i(0, 2, 5),
+    "Multinomial": _i(2, 1, 2),
+}
+
+
 DISTRAX_NOT_CONSTRUCTIBLE = {
     "Bijector": "abstract base class",
     "Distribution": "abstract base class",

@@ -36,7 +36,8 @@ library, with its status:
 - **tested**: built in the conformance matrix (`tests/test_conformance.py`, directly
   or nested in another case): its leaves are exactly its array arguments,
   `eqx.filter_grad` equals `jax.grad` of the raw object, and `partition`/`combine`,
-  `tree_map`, `tree_at`, `jit`, `vmap`, `scan`, serialisation and sample shapes hold;
+  `tree_map`, `tree_at`, `jit`, `vmap`, `scan` (their values compared for one class
+  in two, every class traced), serialisation and sample shapes hold;
 - **accepted**: a concrete class that `FixedDistrax` takes, not in the matrix. It goes
   through the same adapter as the tested classes of its family, so it is expected to
   work; a failure is a bug worth reporting;
@@ -58,64 +59,136 @@ are rejected; leave such arguments at their defaults.
 
 ## Attributes
 
-A wrapper's field is named after its constructor argument, so `d.loc` could mean
-the argument or the library's own `loc`. They agree wherever the library keeps the
-argument as given (the same shape; a dtype conversion at most), and then `d.loc`
-is the argument. Where the library computes its attribute from the arguments
-(distrax's `Categorical` normalises `probs` and `logits`, `MultivariateNormalTri`
-keeps the lower triangle of `scale_tri`, numpyro's `NegativeBinomial2` derives
-`mean`) or broadcasts the argument to the batch shape (`loc` of
-`Normal(0.0, jnp.ones(3))`), `d.x` raises a `TypeError` rather than pick one: the
-argument is `d.arguments["x"]`, the library's value `d.instantiate().x`. This is
-decided from the traced program that builds the object and reads the attribute,
-so it holds under `jax.jit` as outside. Inside
-`eqx.tree_at`'s where-function (`lambda d: d.scale_tri`), and on a tree that
-cannot build its object (a partitioned tree, a prefix spec), `d.x` is the field as
-stored. Attributes that are not arguments (`d.logits` of a wrapper given `probs`)
-and static arguments (Python ints, strings, `None`: numpyro's
-`precision_matrix=None`) are the library's, where it has them.
+**A field is its argument.** `d.loc` is the `loc` you gave (or the array
+`eqx.tree_at` put there), in every context: eagerly, under `jax.jit`, `jax.vmap`
+and `eqx.filter_grad`, in a where-function at any depth, after a `tree_at` that put
+a non-array there, on a partitioned tree. Static arguments (ints, strings, `None`,
+callables, an explicit `None`) are attributes too; an argument left out is not
+one, so its name is the library's. The library's own value of that name, where it
+differs (distrax's `Categorical` normalises `probs`, `MultivariateNormalTri` keeps
+the lower triangle of `scale_tri`, distrax and numpyro broadcast `loc` and `scale`
+to the batch shape, numpyro's `NegativeBinomial2` computes a `mean` property from
+its `mean` argument), is `d.instantiate().x`.
+
+**Everything else is the library's own**, of the library's own kind: numpyro's
+`mean`, `variance`, `mode` and `support` are values; distrax's and TFP's `mean()`,
+`variance()` and `log_prob(x)` are calls. A method comes back bound to the
+wrapper, as a PyTree (so `eqx.filter_jit(d.log_prob)` sees the wrapper's arrays as
+inputs), and a wrapped argument of any method is built first. A method that
+returns a distribution or bijector (numpyro's `to_event`) returns it wrapped, and
+`d[index]` is the library's slice, wrapped, or a `TypeError` (see below).
+
+## What a wrapper adds
+
+Each addition exists because a library lacks, or spells otherwise, what the others
+have, so that one piece of code runs on a wrapper of any family; where the library
+has it, the library's own runs.
+
+<ADDITIONS>
+
+An argument named like an addition is the attribute (distrax's
+`Categorical(dtype=int)`, `Lambda(forward=f)`): the addition is then
+`ep.FixedDistrax.forward(d, x)`, the library's value `d.instantiate().dtype`.
 
 ## Where a wrapper differs from the raw object
 
 `make peer` runs numpyro's and distrax's own test files against wrappers (see the
 contributing guide). A test that passes on the raw class and fails wrapped is a
-bug unless it is one of these differences, which are by design:
+bug unless it meets one of these differences, which are by design:
 
-- **`isinstance` and identity.** A wrapper is a `FixedDistrax` (an Equinox
-  module), not an instance of the wrapped class: `isinstance(d, dist.Normal)` is
-  false, and `type(d)` is `FixedDistrax`, so class-level reads of `type(d)` (a
-  classmethod such as numpyro's `infer_shapes`, a method's annotations) see the
-  wrapper's class. Use `d.cls`.
-- **A raw distribution or bijector as an argument** is rejected (its arrays would
-  be hidden from JAX): wrap it too.
-- **Uniform methods.** `mean()`, `variance()`, `stddev()`, `mode()` are methods on
-  every wrapper, also where numpyro has properties; `d.mean` without a call is the
-  bound method.
-- **Derived attributes** (above): `d.x` refuses to pick between the argument and
-  the library's computed or broadcast `x`.
+- **`isinstance` and identity.** A wrapper is a `FixedDistrax`, not an instance of
+  the wrapped class: `isinstance(d, dist.Normal)` is false and `type(d)` is
+  `FixedDistrax`, so class-level reads of `type(d)` (a classmethod such as
+  numpyro's `infer_shapes`, a method's annotations) see the wrapper's class. Use
+  `d.cls`. (The wrapper does not pretend to be the class.)
+- **An argument is the attribute** (above): where the library keeps a broadcast,
+  normalised or computed array under an argument's name, `d.x` is still the
+  argument, so that where-functions and gradients name what you gave; the
+  library's is `d.instantiate().x`. So is an argument given as `None`: numpyro's
+  `Wishart(c, None, None, scale_tril)` has `d.scale_matrix` `None`; leave the
+  argument out and `d.scale_matrix` is numpyro's own, computed one.
+- **A raw distribution or bijector as an argument** is rejected: its arrays would
+  be hidden from JAX. Wrap it too.
+- **The additions** (above) are there on every wrapper.
+- **A slice or a method's distribution that cannot be wrapped faithfully** is a
+  `TypeError` naming the raw way (`d.instantiate()[index]`).
+  `FixedDistrax.from_instance` rebuilds a TFP object from its `.parameters`, TFP's
+  own contract, and a distrax or numpyro one only where the rebuilt object keeps the
+  very arrays it was given under each argument's name: not distrax's
+  `Categorical`, `Softmax` or `MultivariateNormalDiag`/`Tri`, which keep computed
+  arrays there, nor numpyro's `NegativeBinomial2.to_event`. (A rebuild from
+  computed attributes could be silently wrong.)
+- **Private attributes** (`d._x`) are not forwarded: only the library's public
+  surface is.
+- **Other libraries' free functions.** TFP's `kl_divergence` (which distrax's
+  `kl_divergence` method and a raw TFP object's call) needs a private protocol of
+  both its arguments (`_name_and_control_scope`), which a wrapper does not imitate:
+  use the wrapper's own `p.kl_divergence(q)` (`q` wrapped or raw), or the built
+  objects, `tfd.kl_divergence(p.instantiate(), q.instantiate())`. numpyro's
+  `kl_divergence` and `vmap_over` take wrappers, in either position (registered
+  through numpyro's public dispatch). numpyro's functions that check a
+  distribution's class (`TruncatedDistribution`) take `d.instantiate()`; or wrap
+  the class they return, `ep.FixedDistrax(nd.LeftTruncatedDistribution, d,
+  low=0.0)`. A wrapper's `kl_divergence` between a numpyro and a distrax or TFP
+  distribution raises a `TypeError` naming both: their KL registries do not know
+  each other's classes.
+- **`eqx.tree_at` on a static argument** (an int, or a static float such as a
+  spline's `range_min`) is Equinox's "not a leaf" error, as for any static field of
+  an Equinox module: build a new wrapper.
 - **Float rounding** in the last bits of a value near 0 (under 1e-5), where a test
   asks a relative tolerance: a wrapper builds its object inside the traced
   program, so XLA may fold constants in another order.
 
-## Calling conventions and the libraries' own functions
-
-Every wrapper takes the uniform methods (`sample(seed=, sample_shape=)`,
-`log_prob`, `prob`, `cdf`, `mean()`, `kl_divergence(other)`, ...) whatever its
-family; a wrapped numpyro distribution also takes numpyro's own
-`sample(key, sample_shape)`. A wrapper is accepted where each library dispatches
-on classes, in either argument position, with wrapped or raw partners of its
-family: numpyro's `kl_divergence` and `vmap_over`
-(`numpyro.distributions.batch_util`), and TFP's `kl_divergence` registry, which
-distrax's `kl_divergence` method also reads. numpyro's KL registry and
-distrax/TFP's do not know each other's classes: a KL between a numpyro
-distribution and a distrax or TFP one (wrapped or raw) raises a `TypeError`
-naming both. numpyro's factory functions that check the class of a distribution
-they are given (`TruncatedDistribution`) take the built object:
-`dist.TruncatedDistribution(d.instantiate(), low=0.0)`.
-
 This page is generated by `tests/_families_page.py`, and a test fails when it is out
 of date.
 """
+
+# What a wrapper adds, where, and why (a table on the page).
+ADDITIONS = [
+    (
+        "`sample(seed=, sample_shape=)`",
+        "numpyro (its own `sample(key, sample_shape)` works too)",
+        "numpyro takes the key first, positionally",
+    ),
+    (
+        "`sample_and_log_prob(seed=, sample_shape=)`",
+        "TFP, numpyro",
+        "TFP spells it `experimental_sample_and_log_prob`; numpyro has none",
+    ),
+    ("`prob(x)`, `log_cdf(x)`", "numpyro", "numpyro has `log_prob` and `cdf` only"),
+    ("`stddev()`", "numpyro", "numpyro has `variance` only"),
+    (
+        "`kl_divergence(other)`, `cross_entropy(other)`",
+        "numpyro",
+        "numpyro's KL is a free function",
+    ),
+    ("`batch_shape`, `event_shape` as tuples", "TFP", "TFP's are `TensorShape`s"),
+    ("`dtype`", "numpyro", "numpyro distributions have none (the dtype of a sample)"),
+    (
+        "`forward`, `inverse`, `forward_log_det_jacobian`, `inverse_log_det_jacobian`",
+        "numpyro",
+        "numpyro transforms are called, and have `inv` and "
+        "`log_abs_det_jacobian(x, y)`",
+    ),
+    (
+        "`forward_and_log_det`, `inverse_and_log_det`",
+        "TFP, numpyro",
+        "distrax's pairs, which the others lack",
+    ),
+    (
+        "`event_ndims_in`",
+        "TFP, numpyro",
+        "distrax's name for TFP's `forward_min_event_ndims`, numpyro's "
+        "`domain.event_dim`",
+    ),
+    (
+        "`d(x)`, the same as `d.forward(x)`",
+        "distrax, TFP",
+        "distrax bijectors are not callable; TFP's `__call__` also transforms "
+        "distributions",
+    ),
+]
+
 
 NUMPYRO_FACTORIES = (
     "a factory function, not a class (it picks e.g. `CategoricalLogits` or "
@@ -179,7 +252,9 @@ def render() -> str:
         ("numpyro transforms", nt, list(nt.__all__), "numpyro"),
     ]
     body = [_section(t, m, n, tested, f) for t, m, n, f in sections]
-    return HEADER + "\n" + "\n\n".join(body) + "\n"
+    rows = [f"| {a} | {b} | {c} |" for a, b, c in ADDITIONS]
+    table = "\n".join(["| added | for | why |", "| --- | --- | --- |", *rows])
+    return HEADER.replace("<ADDITIONS>", table) + "\n" + "\n\n".join(body) + "\n"
 
 
 if __name__ == "__main__":

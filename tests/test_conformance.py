@@ -6,6 +6,7 @@ called through its own library's API (numpyro: `t(x)`, `log_abs_det_jacobian`,
 """
 
 import functools
+import inspect
 import io
 import warnings
 
@@ -22,6 +23,7 @@ from _cases import (
     DISTRAX,
     DISTRAX_NOT_CONSTRUCTIBLE,
     FLOAT64_WARNING_UPSTREAM,
+    INPUTS,
     NOT_STRICT_UPSTREAM,
     NUMPYRO_DISTRIBUTIONS,
     NUMPYRO_TRANSFORMS,
@@ -56,14 +58,19 @@ def _raw_sample(obj, key, sample_shape=()):
     return obj.sample(seed=key, sample_shape=sample_shape)
 
 
-# Compiled once per case and reused across tests: eager TFP is slow op by op.
 @functools.cache
 def _input(name: str):
+    """The point every test of the case evaluates at: a bijector case's `x`, a
+    point of `_cases.INPUTS` (of the sample's shape and dtype), else a sample of
+    the raw distribution (drawn in `_both`'s compiled program)."""
     case = CASES[name]
-    if case.kind == "bij":
-        return case.x
-    sample = jax.jit(lambda p: _raw_sample(case.make(p, RAW), jax.random.PRNGKey(42)))
-    return sample(case.params)
+    if name in INPUTS:
+        sample = jax.eval_shape(
+            lambda p: _raw_sample(case.make(p, RAW), KEY), case.params
+        )
+        given = INPUTS[name]
+        assert (given.shape, given.dtype) == (sample.shape, sample.dtype), name
+    return _both(name)(case.params, case.make(case.params, ep.FixedDistrax))[2]
 
 
 def _split(params):
@@ -72,34 +79,44 @@ def _split(params):
     return floats, {k: v for k, v in params.items() if k not in floats}
 
 
-# One compilation per case serves every test (value and gradient together).
+# Without LLVM's optimisations, both sides of every comparison alike: a quarter less
+# compile time, which is most of this file's.
+_compiled = functools.partial(
+    jax.jit, compiler_options={"xla_backend_optimization_level": 0}
+)
+
+
+# One compilation per case serves every test (eager TFP is slow op by op): the
+# input, the raw object's value and `jax.grad` (the reference), and the wrapper's
+# value and `filter_grad`, together.
 @functools.cache
-def _raw_value_and_grad(name: str):
-    """(float params, other params, x) -> value and gradient of the raw object."""
+def _both(name: str):
+    """(params, wrapper) -> ((raw value, raw grads), (wrapper's value, grads), x)."""
     case = CASES[name]
-    return jax.jit(
-        jax.value_and_grad(
-            lambda floats, others, x: _value(
-                case.make({**floats, **others}, RAW), case, x
-            )
-        )
+    raw = jax.value_and_grad(
+        lambda floats, others, x: _value(case.make({**floats, **others}, RAW), case, x)
     )
+    wrapped = eqx.filter_value_and_grad(lambda w, x: _value(w, case, x))
+
+    @_compiled
+    def both(floats, others, w, base, x):
+        # (`x` an argument: TFP's cache, keyed by the input's identity, must not
+        # see one array in two traces.)
+        if case.kind == "dist" and name not in INPUTS:  # (from the case's params)
+            key = jax.random.PRNGKey(42)
+            x = jax.lax.stop_gradient(_raw_sample(case.make(base, RAW), key))
+        return raw(floats, others, x), wrapped(w, x), x
+
+    x = INPUTS.get(name, case.x)
+    return lambda params, w: both(*_split(params), w, case.params, x)
 
 
-@functools.cache
-def _wrapped_value_and_grad(name: str):
-    """(wrapper, x) -> value and `filter_grad` of the wrapper, via `filter_jit`."""
-    case = CASES[name]
-    return eqx.filter_jit(eqx.filter_value_and_grad(lambda w, x: _value(w, case, x)))
-
-
-def _reference(name: str, params=None):
+def _values(name: str, wrapped=None, params=None):
+    """(reference value at `params`, value of `wrapped`), defaults: the case's."""
     params = CASES[name].params if params is None else params
-    return _raw_value_and_grad(name)(*_split(params), _input(name))[0]
-
-
-def _wrapped_value(name: str, wrapped):
-    return _wrapped_value_and_grad(name)(wrapped, _input(name))[0]
+    wrapped = CASES[name].make(params, ep.FixedDistrax) if wrapped is None else wrapped
+    (reference, _), (value, _), _ = _both(name)(params, wrapped)
+    return reference, value
 
 
 def _touch(v):
@@ -111,7 +128,14 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol, atol)
 
 
-@pytest.fixture(params=NAMES, ids=NAMES)
+def _grouped(names):
+    """The cases as parameters, each in an xdist group of its own (`make test`
+    runs `--dist=loadgroup`): one worker runs all of a case's tests, so its
+    program (`_both`) is compiled once, not once per worker."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(n), id=n) for n in names]
+
+
+@pytest.fixture(params=_grouped(NAMES))
 def name(request) -> str:
     return request.param
 
@@ -153,13 +177,12 @@ def test_leaves_are_exactly_the_array_arguments(name):
 WITH_FLOATS = [n for n in NAMES if _split(CASES[n].params)[0]]
 
 
-@pytest.mark.parametrize("name", WITH_FLOATS)
+@pytest.mark.parametrize("name", _grouped(WITH_FLOATS))
 def test_filter_grad_matches_raw_grad(name):
-    case, x = CASES[name], _input(name)
-    floats, others = _split(case.params)
-    expected = _raw_value_and_grad(name)(floats, others, x)[1]
+    case = CASES[name]
+    floats = _split(case.params)[0]
     wrapped = case.make(case.params, ep.FixedDistrax)
-    grads = _wrapped_value_and_grad(name)(wrapped, x)[1]
+    (_, expected), (_, grads), _ = _both(name)(case.params, wrapped)
     # Leaves of `grads` sit where the corresponding parameters sit in `wrapped`.
     name_of = {id(v): k for k, v in case.params.items()}
     got = {
@@ -182,7 +205,8 @@ def test_partition_combine_round_trip(name):
     assert jtu.tree_leaves(static) == []
     again = eqx.combine(dynamic, static)
     assert jtu.tree_structure(again) == jtu.tree_structure(wrapped)
-    _close(_wrapped_value(name, again), _reference(name), rtol=1e-4)
+    reference, value = _values(name, again)
+    _close(value, reference, rtol=1e-4)
 
 
 def test_tree_map_keeps_structure(name):
@@ -205,17 +229,6 @@ def _first_array_where(obj):
     return None
 
 
-class _Arguments:
-    """A wrapper's arguments read as attributes (nested wrappers too)."""
-
-    def __init__(self, wrapper):
-        self.wrapper = wrapper
-
-    def __getattr__(self, name):
-        value = self.wrapper.arguments[name]
-        return _Arguments(value) if isinstance(value, ep.FixedDistrax) else value
-
-
 def _has_array_argument(name: str) -> bool:
     promotion = "standard" if name in NOT_STRICT_UPSTREAM else "strict"
     with jax.numpy_dtype_promotion(promotion):
@@ -226,23 +239,26 @@ def _has_array_argument(name: str) -> bool:
 WITH_ARRAYS = [n for n in NAMES if _has_array_argument(n)]
 
 
-@pytest.mark.parametrize("name", WITH_ARRAYS)
+@pytest.mark.parametrize("name", _grouped(WITH_ARRAYS))
 def test_tree_at_on_a_parameter(name):
     case = CASES[name]
     wrapped = case.make(case.params, ep.FixedDistrax)
     where = _first_array_where(wrapped)
     assert where is not None  # (`WITH_ARRAYS`)
-    old = where(_Arguments(wrapped))  # (the argument as given; `d.x` may refuse)
+    old = where(wrapped)  # (the argument as given: a field is its argument)
+    assert any(old is v for v in case.params.values())
     new_value = _touch(old) if old.dtype == bool else old * 1.01
     updated = eqx.tree_at(where, wrapped, new_value)
-    assert where(_Arguments(updated)) is new_value
+    assert where(updated) is new_value
     # Reference: the raw object built with the same substitution in the params.
     key = next(k for k, v in case.params.items() if v is old)
-    expected = _reference(name, {**case.params, key: new_value})
-    _close(_wrapped_value(name, updated), expected, rtol=1e-4)
+    expected, value = _values(name, updated, {**case.params, key: new_value})
+    _close(value, expected, rtol=1e-4)
 
 
-def test_plain_jit_compiles_once_for_equal_wrappers(name):
+def test_plain_jit_traces_once_for_equal_wrappers(name):
+    # Traced, not compiled (the values under jit are compared above): every leaf
+    # is an array and the rest hashable structure, equal for equal wrappers.
     case, x = CASES[name], _input(name)
     traces = []
 
@@ -251,9 +267,9 @@ def test_plain_jit_compiles_once_for_equal_wrappers(name):
         traces.append(None)
         return _value(w, case, x)
 
-    _close(f(case.make(case.params, ep.FixedDistrax), x), _reference(name), rtol=1e-4)
+    f.trace(case.make(case.params, ep.FixedDistrax), x)
     fresh = {k: jnp.array(v) for k, v in case.params.items()}
-    f(case.make(fresh, ep.FixedDistrax), x)
+    f.trace(case.make(fresh, ep.FixedDistrax), x)
     assert len(traces) == 1
 
 
@@ -264,28 +280,44 @@ def _scaled(params, factor):
     }
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].params])
-def test_vmap_over_stacked_wrappers_equals_loop(name):
+# The cases whose vmap and scan values are compared (compiled); every case is
+# traced through both (structure, shapes and dtypes, TFP's cache), which is what
+# differs between cases: the values are the program `_both` checks.
+VALUES_SAMPLED = set(NAMES[::2])
+
+
+def test_vmap_over_stacked_wrappers_and_scan_carry(name):
+    """`jax.vmap` over wrappers stacked leaf by leaf equals a loop over them, and a
+    wrapper carried through `lax.scan` keeps its structure and values (one
+    compiled program for both; traced only outside `VALUES_SAMPLED`)."""
     case, x = CASES[name], _input(name)
     factors = (1.0, 1.05, 1.1)
     wrappers = [case.make(_scaled(case.params, f), ep.FixedDistrax) for f in factors]
     stacked = jtu.tree_map(lambda *v: jnp.stack(v), *wrappers)
-    got = jax.jit(jax.vmap(lambda w: _value(w, case, x)))(stacked)
-    expected = [_reference(name, _scaled(case.params, f)) for f in factors]
-    _close(got, jnp.stack(expected), rtol=1e-4)
-
-
-def test_scan_carry(name):
-    case, x = CASES[name], _input(name)
-    wrapped = case.make(case.params, ep.FixedDistrax)
 
     def step(carry, _):
         carry = jtu.tree_map(_touch, carry)
         return carry, _value(carry, case, x)
 
-    final, values = jax.lax.scan(step, wrapped, None, length=3)
-    assert jtu.tree_structure(final) == jtu.tree_structure(wrapped)
-    _close(values, jnp.stack([_reference(name)] * 3), rtol=1e-4)
+    @_compiled
+    def both(stacked, wrapped):
+        mapped = jax.vmap(lambda w: _value(w, case, x))(stacked) if case.params else 0
+        return mapped, jax.lax.scan(step, wrapped, None, length=3)
+
+    if name not in VALUES_SAMPLED:
+        mapped, (final, values) = jax.eval_shape(both, stacked, wrappers[0])
+        assert jtu.tree_structure(final) == jtu.tree_structure(wrappers[0])
+        reference = jax.eval_shape(lambda w: _value(w, case, x), wrappers[0])
+        assert values.shape == (3, *reference.shape) and values.dtype == reference.dtype
+        if case.params:
+            assert (mapped.shape, mapped.dtype) == (values.shape, values.dtype)
+        return
+    mapped, (final, values) = both(stacked, wrappers[0])
+    assert jtu.tree_structure(final) == jtu.tree_structure(wrappers[0])
+    expected = [_values(name, params=_scaled(case.params, f))[0] for f in factors]
+    _close(values, jnp.stack([expected[0]] * 3), rtol=1e-4)
+    if case.params:
+        _close(mapped, jnp.stack(expected), rtol=1e-4)
 
 
 def test_serialisation_round_trip_is_bit_exact(name):
@@ -302,7 +334,9 @@ def test_serialisation_round_trip_is_bit_exact(name):
         np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].kind == "dist"])
+@pytest.mark.parametrize(
+    "name", _grouped([n for n in NAMES if CASES[n].kind == "dist"])
+)
 def test_sample_shapes_and_dtypes_match_raw(name):
     # Shapes only, via `jax.eval_shape`: compiling samplers (gamma-based ones take
     # seconds) for ~70 classes would dominate the suite. Values are compared with
@@ -324,57 +358,40 @@ def test_sample_shapes_and_dtypes_match_raw(name):
         assert g.dtype == e.dtype
 
 
-def test_attributes_agree_with_the_raw_object_or_refuse(name):
-    """For each array attribute the raw object has, the wrapper's attribute of that
-    name equals it (shape included), or, for an argument the library computes its
-    attribute of that name from or broadcasts, raises naming `d.arguments[...]`. The
-    uniform methods (`mean()`, `sample`, ...) are the wrapper's by design."""
+def test_arguments_are_attributes_and_the_rest_is_the_librarys_own(name):
+    """Each argument is the attribute of its name (the very object given); each
+    other public attribute of the raw object is the wrapper's too, of the same
+    kind: a method a callable `Method`, an array the library's array (shape
+    included), anything else of the same type. The uniform set (`sample`,
+    `batch_shape`, ...) is checked against the raw object elsewhere."""
     case = CASES[name]
     wrapped, raw = case.make(case.params, ep.FixedDistrax), case.make(case.params, RAW)
+    for arg, value in wrapped.arguments.items():
+        assert getattr(wrapped, arg) is value, arg
+    for array in case.params.values():  # (nested ones included)
+        assert any(array is x for x in jtu.tree_leaves(wrapped))
     for attr in dir(raw):
-        if attr.startswith("_") or hasattr(ep.FixedDistrax, attr):
+        if attr.startswith("_") or attr in wrapped.arguments:
             continue
-        try:
-            expected = getattr(raw, attr)
-        except Exception:
+        if attr in UNIFORM or not _readable(raw, attr):
             continue
-        if not eqx.is_array(expected):
-            continue
-        try:
-            got = getattr(wrapped, attr)
-        except TypeError as e:
-            assert attr in wrapped.arguments, (attr, e)
-            assert f"d.arguments[{attr!r}]" in str(e)
-            continue
-        assert np.shape(got) == np.shape(expected), attr
-        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0, err_msg=attr)
+        expected, got = getattr(raw, attr), getattr(wrapped, attr)
+        if inspect.ismethod(expected):
+            assert callable(got) and not eqx.is_array(got), attr
+        elif eqx.is_array(expected):
+            assert np.shape(got) == np.shape(expected), attr
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0, err_msg=attr)
+        else:
+            assert type(got) is type(expected), attr
 
 
-def test_attribute_rule_is_the_same_under_jit():
-    probs = jnp.array([1.0, 1.0])
-    categorical = ep.FixedDistrax(distrax.Categorical, probs=probs)
-    normal = ep.FixedDistrax(distrax.Normal, jnp.zeros(3), jnp.array(1.0))
+# The wrapper's own uniform set, where a library lacks or misspells one.
+UNIFORM = {n for n in dir(ep.FixedDistrax) if not n.startswith("_")}
 
-    @jax.jit
-    def read(c, n):
-        with pytest.raises(TypeError, match=r"d\.arguments\['probs'\]"):
-            _ = c.probs
-        with pytest.raises(TypeError, match=r"broadcast or reshaped to \(3,\)"):
-            _ = n.scale  # (distrax's `scale` has the batch shape)
-        return n.loc, c.logits, c.arguments["probs"]
 
-    loc, logits, argument = read(categorical, normal)
-    _close(loc, jnp.zeros(3))
-    _close(logits, jnp.log(jnp.array([0.5, 0.5])))  # the library's, normalised
-    _close(argument, probs)
-    with pytest.raises(TypeError, match="computed from the arguments, not the"):
-        _ = categorical.probs
-    # In `eqx.tree_at`'s where-function the field is the argument, as stored.
-    moved = eqx.tree_at(lambda c: c.probs, categorical, jnp.array([1.0, 3.0]))
-    _close(moved.instantiate().probs, jnp.array([0.25, 0.75]))
-    # numpyro's attributes for an argument given as `None` are numpyro's.
-    mvn = ep.FixedDistrax(
-        nd.MultivariateNormal, jnp.zeros(2), covariance_matrix=2 * jnp.eye(2),
-        precision_matrix=None,
-    )  # fmt: skip
-    _close(mvn.precision_matrix, 0.5 * jnp.eye(2))
+def _readable(obj, attr) -> bool:
+    try:
+        getattr(obj, attr)
+    except Exception:  # noqa: BLE001 - a property the library cannot compute
+        return False
+    return True

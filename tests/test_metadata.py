@@ -490,6 +490,28 @@ def test_log_prior_support_through_wrappers_and_special_supports():
         _close(score(prior, inside), expected)
 
 
+def test_a_prior_support_is_decided_by_its_class_not_its_name():
+    # A user's real-line prior that happens to be called `Gamma` is scored by its
+    # own density (it got Gamma's support, -inf below 0); the library's own
+    # Gamma classes keep theirs, raw or wrapped.
+    class Gamma(distrax.Normal):
+        pass
+
+    class M(eqx.Module):
+        x: jax.Array
+
+    def score(prior, value):
+        overrides = {lambda m: m.x: ep.ParamSpec(prior=prior)}
+        return ep.log_prior(M(jnp.asarray(value)), overrides)
+
+    expected = distrax.Normal(0.0, 1.0).log_prob(-1.0)
+    _close(score(Gamma(0.0, 1.0), -1.0), expected)
+    _close(score(ep.FixedDistrax(Gamma, 0.0, 1.0), -1.0), expected)
+    for prior in (distrax.Gamma(2.0, 1.0), tfp.distributions.Gamma(2.0, 1.0)):
+        assert score(prior, -1.0) == -np.inf
+        assert score(ep.FixedDistrax.from_instance(prior), -1.0) == -np.inf
+
+
 def test_a_node_whose_bijector_leaves_an_override_constraint_is_an_error():
     class K(eqx.Module):
         ls: jax.Array = ep.field(constraint=C.positive)
@@ -622,6 +644,27 @@ def test_a_float32_prior_scores_a_float64_parameter_in_float64():
         assert got.dtype == jnp.float64
         v = 1.0 + 1e-9  # Gamma(2, 1): log p(v) = log v - v
         np.testing.assert_allclose(float(got), 2 * (np.log(v) - v), rtol=1e-13)
+
+
+def test_a_float32_raw_prior_that_cannot_be_wrapped_scores_in_float64():
+    # distrax's MultivariateNormalTri keeps the lower triangle it computes, so it
+    # is not rebuilt as a wrapper: it is cast as the PyTree it is (it raised a
+    # dtype-promotion error).
+    tril = jnp.array([[1.0, 0.0], [0.5, 2.0]])
+    prior = distrax.MultivariateNormalTri(jnp.zeros(2), tril)  # float32
+
+    class M(eqx.Module):
+        x: jax.Array = ep.field(prior=prior)
+
+    with jax.enable_x64(True):
+        value = jnp.array([0.3, -0.2], jnp.float64)
+        got = ep.log_prior(M(value))
+        assert got.dtype == jnp.float64
+        cov = np.asarray(tril, np.float64) @ np.asarray(tril, np.float64).T
+        v = np.asarray(value)
+        hand = -0.5 * (v @ np.linalg.solve(cov, v) + np.log(np.linalg.det(cov)))
+        # (its cached factor was computed in float32, then cast)
+        np.testing.assert_allclose(float(got), hand - np.log(2 * np.pi), rtol=1e-7)
 
 
 def test_weakly_typed_leaves_come_back_strongly_typed_from_the_batched_path():

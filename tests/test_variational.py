@@ -9,11 +9,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as nd
 import optax
 import pytest
 from _compiles import Compilations
+from tensorflow_probability.substrates import jax as tfp
 
 import eqxprob as ep
+
+
+tfd = tfp.distributions
 
 
 RNG = np.random.default_rng(0)
@@ -37,7 +42,7 @@ def _posterior():
     return cov @ X.T @ Y / SIGMA**2, cov
 
 
-def _exact_elbo(m, s_cov, x, y, scale=1.0):
+def _exact_elbo(m, s_cov, x, y, scale=1.0, tau=TAU):
     """E_q[log N(y; x w, σ²)]·scale − KL(N(m, S) || N(0, τ² I)), in closed form."""
     n, d = x.shape
     resid = y - x @ m
@@ -45,10 +50,10 @@ def _exact_elbo(m, s_cov, x, y, scale=1.0):
         resid @ resid + np.trace(x @ s_cov @ x.T)
     ) / (2 * SIGMA**2)
     kl = 0.5 * (
-        np.trace(s_cov) / TAU**2
-        + m @ m / TAU**2
+        np.trace(s_cov) / tau**2
+        + m @ m / tau**2
         - d
-        + d * np.log(TAU**2)
+        + d * np.log(tau**2)
         - np.linalg.slogdet(s_cov)[1]
     )
     return scale * ell - kl
@@ -80,6 +85,67 @@ def test_elbo_estimates_the_closed_form_elbo(family):
             )
             exact = _exact_elbo(np.asarray(q.loc), _cov(q), X, Y)
             np.testing.assert_allclose(estimate, exact, rtol=2e-3)
+
+
+X3 = RNG.normal(size=(20, 3))
+Y3 = X3 @ np.array([0.5, -1.0, 2.0]) + SIGMA * RNG.normal(size=20)
+
+# Normal priors whose loc and scale broadcast to the parameter's shape, of each
+# library, raw and wrapped (a wrapped one crashed `elbo`).
+BROADCASTING = {
+    "distrax": lambda: distrax.Normal(jnp.zeros(3), 3.0),
+    "tfd": lambda: tfd.Normal(jnp.zeros(3), 3.0),
+    "numpyro": lambda: nd.Normal(jnp.zeros(3), 3.0),
+}
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "wrapped"])
+@pytest.mark.parametrize("library", list(BROADCASTING))
+def test_elbo_with_a_broadcasting_normal_prior_raw_or_wrapped(library, wrapped):
+    with jax.enable_x64(True):
+        prior = BROADCASTING[library]()
+        if wrapped:
+            prior = ep.FixedDistrax.from_instance(prior)
+
+        class Vector(eqx.Module):
+            w: jax.Array = ep.field(prior=prior)
+
+        q = ep.guide(Vector(jnp.array([0.3, -0.5, 1.0])), "full_rank", init_scale=0.3)
+        estimate = ep.elbo(q, _loglik(X3, Y3), jax.random.key(0), num_samples=20_000)
+        exact = _exact_elbo(np.asarray(q.loc), _cov(q), X3, Y3, tau=3.0)
+        np.testing.assert_allclose(estimate, exact, rtol=2e-3)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "wrapped"])
+@pytest.mark.parametrize(
+    "base", [distrax.Normal, tfd.Normal, nd.Normal], ids=["distrax", "tfd", "numpyro"]
+)
+def test_a_subclass_named_normal_takes_the_sampled_prior_term(base, wrapped):
+    """A user's tempered prior, a subclass called `Normal` with its own `log_prob`:
+    the closed form is for the libraries' own Normal classes only (by class, not
+    name), so its term is sampled, with its own density: hand-written Monte Carlo
+    on the guide's own draws."""
+
+    class Normal(base):
+        def log_prob(self, value):
+            return 0.5 * super().log_prob(value)
+
+    prior = ep.FixedDistrax(Normal, 0.0, TAU) if wrapped else Normal(0.0, TAU)
+
+    class Line(eqx.Module):
+        w: jax.Array = ep.field(prior=prior)
+
+    q = ep.guide(Line(jnp.array([0.5, -1.0])), init_scale=0.3)
+    key, n = jax.random.key(0), 8
+    ours = ep.elbo(q, _loglik(X, Y), key, num_samples=n)
+    draws = q.distribution.sample(seed=key, sample_shape=(n,))  # as `elbo` draws
+    x, y = jnp.asarray(X, jnp.float32), jnp.asarray(Y, jnp.float32)
+    loglik = jax.vmap(lambda w: jnp.sum(distrax.Normal(x @ w, SIGMA).log_prob(y)))
+    tempered = 0.5 * jnp.sum(distrax.Normal(0.0, TAU).log_prob(draws), -1)
+    entropy = 2 * (0.5 * np.log(2 * np.pi * np.e) + np.log(0.3))
+    np.testing.assert_allclose(
+        ours, jnp.mean(loglik(draws) + tempered) + entropy, rtol=1e-5
+    )
 
 
 def test_minibatch_elbo_is_unbiased_for_the_full_data_elbo():

@@ -63,6 +63,117 @@ def test_other_attributes_fall_through_to_the_instance():
         d.no_such_attribute  # noqa: B018
 
 
+# --- a field is its argument; everything else is the library's own ---------------
+
+# (wrapper, argument name, the library's own attribute of that name) where the two
+# differ: normalised, lower triangle, broadcast, derived.
+DIFFERING = {
+    "distrax Categorical": (
+        lambda: ep.FixedDistrax(distrax.Categorical, probs=jnp.array([1.0, 3.0])),
+        "probs",
+        jnp.array([0.25, 0.75]),
+    ),
+    "distrax MultivariateNormalTri": (
+        lambda: ep.FixedDistrax(
+            distrax.MultivariateNormalTri,
+            jnp.zeros(2),
+            jnp.array([[1.0, 5.0], [2.0, 3.0]]),
+        ),
+        "scale_tri",
+        jnp.array([[1.0, 0.0], [2.0, 3.0]]),
+    ),
+    "distrax Normal": (
+        lambda: ep.FixedDistrax(distrax.Normal, jnp.zeros(3), 2.0),
+        "scale",
+        jnp.full(3, 2.0),
+    ),
+    "tfd Normal": (
+        lambda: ep.FixedDistrax(tfd.Normal, jnp.zeros(3), jnp.array([2.0])),
+        "scale",
+        jnp.array([2.0]),  # (TFP keeps its arguments as given)
+    ),
+    "numpyro Normal": (
+        lambda: ep.FixedDistrax(nd.Normal, jnp.zeros(3), 2.0),
+        "scale",
+        jnp.array([2.0]),  # (numpyro promotes it to the batch's rank)
+    ),
+    "numpyro NegativeBinomial2": (
+        lambda: ep.FixedDistrax(
+            nd.NegativeBinomial2, jnp.array([2.0, 4.0]), jnp.array(3.0)
+        ),
+        "concentration",
+        jnp.array(3.0),
+    ),
+}
+
+
+class _Holder(eqx.Module):
+    inner: list
+
+
+def _deep(where, depth):
+    """`where` reached through `depth` nested helper calls."""
+    return where if depth == 0 else lambda tree: _deep(where, depth - 1)(tree)
+
+
+@pytest.mark.parametrize("case", list(DIFFERING))
+def test_a_field_is_its_argument_in_every_context(case):
+    make, name, library = DIFFERING[case]
+    d = make()
+    given = d.arguments[name]
+    same = lambda a: np.testing.assert_array_equal(np.asarray(a), given)  # noqa: E731
+    assert getattr(d, name) is given  # eagerly
+    _close(getattr(d.instantiate(), name), library)  # the library's own
+    same(jax.jit(lambda d: getattr(d, name))(d))
+    same(eqx.filter_jit(lambda d: getattr(d, name))(d))
+    stacked = jtu.tree_map(lambda x: jnp.stack([x, x]), d)
+    mapped = jax.vmap(lambda d: getattr(d, name))(stacked)
+    np.testing.assert_array_equal(mapped, jnp.stack([given, given]))
+    grads = eqx.filter_grad(lambda d: jnp.sum(getattr(d, name) ** 2))(d)
+    _close(getattr(grads, name), 2 * given)  # d(argument²)/d(argument)
+    # In `eqx.tree_at`, through 20 helper calls, nested in a module and a list.
+    model = _Holder([{"d": d}])
+    where = _deep(lambda m: getattr(m.inner[0]["d"], name), 20)
+    moved = eqx.tree_at(where, model, given + 1)
+    same(getattr(moved.inner[0]["d"], name) - 1)
+    twice = eqx.tree_at(where, model, replace_fn=lambda x: 2 * x)  # the argument
+    same(getattr(twice.inner[0]["d"], name) / 2)
+    # After `tree_at` put a non-array in another field: still the argument.
+    for other in [n for n, v in d.arguments.items() if n != name and eqx.is_array(v)]:
+        listed = eqx.tree_at(lambda d, o=other: getattr(d, o), d, [0.0, 0.0])
+        assert getattr(listed, other) == [0.0, 0.0] and getattr(listed, name) is given
+    # A partitioned wrapper (that cannot be built) reads its fields as stored.
+    arrays, rest = eqx.partition(d, eqx.is_array)
+    assert getattr(arrays, name) is given and getattr(rest, name) is None
+
+
+def test_everything_else_is_the_librarys_own_kind():
+    loc, scale = jnp.array([0.1, 0.4]), jnp.array([1.0, 2.0])
+    numpyro_d, raw = ep.FixedDistrax(nd.Normal, loc, scale), nd.Normal(loc, scale)
+    distrax_d = ep.FixedDistrax(distrax.Normal, loc, scale)
+    # numpyro's properties are values, under jit too; distrax's methods are calls.
+    for attr in ("mean", "variance", "batch_shape", "event_shape"):
+        _close(getattr(numpyro_d, attr), getattr(raw, attr))
+    _close(eqx.filter_jit(lambda d: d.mean + d.variance)(numpyro_d), loc + scale**2)
+    assert numpyro_d.support is raw.support
+    _close(distrax_d.mean(), loc)
+    _close(eqx.filter_jit(distrax_d.variance)(), scale**2)  # a bound method, a PyTree
+    # An argument given as None is the attribute; one left out is the library's.
+    tril = jnp.array([[1.0, 0.0], [0.5, 2.0]])
+    given = ep.FixedDistrax(nd.MultivariateNormal, jnp.zeros(2), None, None, tril)
+    assert given.covariance_matrix is None
+    left_out = ep.FixedDistrax(nd.MultivariateNormal, jnp.zeros(2), scale_tril=tril)
+    _close(left_out.covariance_matrix, tril @ tril.T)
+    # An argument named like a uniform attribute is the argument (distrax's
+    # Categorical `dtype`); the uniform one stays reachable through the class.
+    categorical = ep.FixedDistrax(distrax.Categorical, jnp.zeros(3), dtype=int)
+    assert categorical.dtype is int
+    assert (
+        ep.FixedDistrax.dtype.__get__(categorical)
+        == distrax.Categorical(jnp.zeros(3), dtype=int).dtype
+    )
+
+
 def test_python_floats_become_trainable_saved_array_leaves():
     # distrax converts floats to arrays itself; so does the wrapper, with a
     # concrete (non-weak) default float dtype, so that they train and are saved.
@@ -118,22 +229,23 @@ def test_static_floats_zero_and_negative_zero_compile_separately():
     )
 
 
-def test_tree_at_on_a_static_argument_explains_why_and_what_to_do():
+def test_a_static_argument_is_its_attribute_and_not_a_leaf():
+    # As a static field of an Equinox module: read as given, part of the
+    # structure, so `eqx.tree_at` refuses it (Equinox's own error); a new wrapper
+    # changes it.
     params = jnp.linspace(-0.5, 0.5, 3 * 13).reshape(3, 13)
     spline = ep.FixedDistrax(distrax.RationalQuadraticSpline, params, -2.0, 2.0)
-    with pytest.raises(TypeError, match=r"`range_min` = -2.0 is a static Python float"):
+    assert spline.range_min == -2.0 and type(spline.range_min) is float
+    with pytest.raises(TypeError, match=r"-2.0 is not a leaf"):
         eqx.tree_at(lambda s: s.range_min, spline, -3.0)
-    assert spline.range_min == -2.0  # plain access still works
     d = ep.FixedDistrax(distrax.Independent, ep.FixedDistrax(distrax.Normal, X, X), 1)
-    with pytest.raises(TypeError, match=r"`reinterpreted_batch_ndims` = 1 is static"):
+    assert d.reinterpreted_batch_ndims == 1
+    with pytest.raises(TypeError, match=r"1 is not a leaf"):
         eqx.tree_at(lambda d: d.reinterpreted_batch_ndims, d, 2)
-    # The pin: Equinox's private leaf wrapper, which the check above recognises.
-    from equinox import _tree
-
-    assert hasattr(_tree, "_LeafWrapper"), (
-        "equinox._tree._LeafWrapper is gone: update "
-        "eqxprob/_wrappers.py:_probed_by_tree_at."
-    )
+    wider = ep.FixedDistrax(distrax.RationalQuadraticSpline, params, -3.0, 2.0)
+    with jax.numpy_dtype_promotion("standard"):  # (distrax's spline mixes dtypes)
+        raw = distrax.RationalQuadraticSpline(params, -3.0, 2.0)
+        _close(wider.forward(X - 2.5), raw.forward(X - 2.5))
 
 
 def test_integer_arrays_for_continuous_tfp_parameters_are_cast():
@@ -328,7 +440,10 @@ def test_family_specific_methods_raise_clearly():
     with pytest.raises(TypeError, match=r"Normal\) wraps a distribution; `forward`"):
         d.forward(X)
     b = ep.FixedDistrax(tfb.Exp)
-    with pytest.raises(TypeError, match=r"Exp\) wraps a bijector; `log_prob`"):
+    with pytest.raises(TypeError, match=r"Exp\) wraps a bijector; `sample`"):
+        b.sample(seed=KEY)
+    # Not a uniform method: the library's own, which a bijector lacks.
+    with pytest.raises(AttributeError, match=r"tfb.Exp has no attribute `log_prob`"):
         b.log_prob(X)
 
 
@@ -511,34 +626,55 @@ def test_slicing_is_the_librarys_own_and_returns_a_wrapper(cls):
     _close(grads.loc, jax.grad(lambda m: cls(m, scale)[1:].log_prob(x).sum())(loc))
 
 
-def test_a_slice_kept_raw_where_its_rebuild_would_not_be_faithful():
-    # distrax's Softmax keeps `logits / temperature` under the name `logits`, so
-    # its slice cannot be rebuilt as a wrapper; eagerly the check compares values,
-    # under jit and grad it runs the rebuild on stand-in arrays: the slice stays
-    # raw and its numbers are the library's, gradients included.
+def test_a_slice_that_cannot_be_wrapped_faithfully_is_an_error_in_every_context():
+    # distrax's Softmax keeps `logits / temperature` under the name `logits`, its
+    # Categorical normalised logits: a slice rebuilt from those attributes would
+    # not be the library's. Whatever the index, eagerly and under jit and grad:
+    # a TypeError naming the raw way (it was raw for some indices, a wrapper for
+    # others).
     logits = jnp.array([[0.1, 0.5, -1.0], [1.0, 2.0, 3.0], [0.0, -2.0, 1.0]])
+    probs = jax.nn.softmax(logits)
+    pairs = [
+        (ep.FixedDistrax(distrax.Softmax, logits, 0.5), distrax.Softmax(logits, 0.5)),
+        (
+            ep.FixedDistrax(distrax.Categorical, probs=probs),
+            distrax.Categorical(probs=probs),
+        ),
+    ]
     x = jnp.array([0, 2])
-    raw = distrax.Softmax(logits, 0.5)[1:3]
-    d = ep.FixedDistrax(distrax.Softmax, logits, 0.5)
-    _close(d[1:3].log_prob(x), raw.log_prob(x))
-    _close(jax.jit(lambda d: d[1:3].log_prob(x))(d), raw.log_prob(x))
-
-    def ours(z):
-        return ep.FixedDistrax(distrax.Softmax, z, 0.5)[1:].log_prob(x).sum()
-
-    def theirs(z):
-        return distrax.Softmax(z, 0.5)[1:].log_prob(x).sum()
-
-    _close(jax.grad(ours)(logits), jax.grad(theirs)(logits))
-    # `from_instance` itself refuses it under jit, and accepts a faithful one.
+    for d, raw in pairs:
+        for index in (2, slice(1, 3), slice(None, -1), (..., -1)):
+            with pytest.raises(TypeError, match=r"d\.instantiate\(\)\["):
+                d[index]
+        with pytest.raises(TypeError, match="faithfully"):
+            jax.jit(lambda d: d[1:].log_prob(x))(d)
+        with pytest.raises(TypeError, match="faithfully"):
+            eqx.filter_grad(lambda d: d[1:].log_prob(x).sum())(d)
+        # The way out the message names gives the library's numbers.
+        _close(d.instantiate()[1:].log_prob(x), raw[1:].log_prob(x))
+    # `from_instance` refuses the same under jit, and accepts a class that keeps
+    # its arguments as given, traced or not.
+    softmax = lambda z: distrax.Softmax(z, 0.5)  # noqa: E731
     with pytest.raises(TypeError, match="faithfully"):
-        jax.jit(lambda z: ep.FixedDistrax.from_instance(distrax.Softmax(z, 0.5)))(
-            logits
-        )
-    tri = jnp.tril(jnp.ones((3, 3))) + jnp.eye(3)
-    mvn = lambda t: distrax.MultivariateNormalTri(jnp.zeros(3), t)  # noqa: E731
-    rebuilt = jax.jit(lambda t: ep.FixedDistrax.from_instance(mvn(t)).log_prob(t[0]))
-    _close(rebuilt(tri), mvn(tri).log_prob(tri[0]))
+        jax.jit(lambda z: ep.FixedDistrax.from_instance(softmax(z)))(logits)
+    normal = lambda m: distrax.Normal(m, jnp.ones(3))  # noqa: E731
+    rebuilt = jax.jit(lambda m: ep.FixedDistrax.from_instance(normal(m)).log_prob(m))
+    _close(rebuilt(logits[0]), normal(logits[0]).log_prob(logits[0]))
+
+
+def test_a_sliced_wrapper_nests_like_any_wrapper():
+    # A slice is a wrapper for every index kind, so it nests (a raw slice was
+    # refused as an argument).
+    loc, scale = jnp.arange(6.0).reshape(2, 3), jnp.ones((2, 3))
+    independent = {distrax.Normal: distrax.Independent, tfd.Normal: tfd.Independent}
+    for cls, outer in independent.items():
+        d = ep.FixedDistrax(cls, loc, scale)
+        for index in (1, slice(None, 1), (slice(None), slice(None, -1)), (..., -1)):
+            sliced = d[index]
+            assert isinstance(sliced, ep.FixedDistrax)
+            event = ep.FixedDistrax(outer, sliced, 1)
+            x = jnp.zeros(sliced.batch_shape)
+            _close(event.log_prob(x), cls(loc, scale)[index].log_prob(x).sum(-1))
 
 
 @pytest.mark.parametrize(
