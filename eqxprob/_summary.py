@@ -20,7 +20,15 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import PyTree
 
-from . import _errors, _metadata, _node, _parameter, _transforms, _variational
+from . import (
+    _errors,
+    _families,
+    _metadata,
+    _node,
+    _parameter,
+    _transforms,
+    _variational,
+)
 from ._wrappers import FixedDistrax
 
 
@@ -60,11 +68,18 @@ class Summary:
     def __init__(self, rows: list[Row]):
         self.rows = rows
 
+    def _columns(self) -> list[str]:
+        """The columns shown: those with an entry in some row (a table of a
+        model without priors has no prior column, say), so it fits the page."""
+        filled = lambda c: any(getattr(row, c) != "" for row in self.rows)  # noqa: E731
+        return [c for c in _COLUMNS if filled(c) or not self.rows]
+
     def _cells(self) -> list[list[str]]:
-        return [[str(getattr(row, c)) for c in _COLUMNS] for row in self.rows]
+        columns = self._columns()
+        return [[str(getattr(row, c)) for c in columns] for row in self.rows]
 
     def __str__(self) -> str:
-        cells = [list(_COLUMNS), *self._cells()]
+        cells = [self._columns(), *self._cells()]
         widths = [max(map(len, column)) for column in zip(*cells)]
         cells.insert(1, ["-" * w for w in widths])
         lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells)
@@ -82,7 +97,7 @@ class Summary:
             rich.print(self)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{c}</th>" for c in _COLUMNS)
+        head = "".join(f"<th>{c}</th>" for c in self._columns())
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
             for row in self._cells()
@@ -92,23 +107,29 @@ class Summary:
     def __rich__(self) -> Any:
         from rich.table import Table
 
-        table = Table(*_COLUMNS)
+        table = Table(*self._columns())
         for row in self._cells():
             table.add_row(*row)
         return table
 
 
 def _distribution(prior: Any) -> str:
+    """A prior as its class and numeric arguments, `Gamma(concentration=2,
+    rate=1)`, wrapped or raw alike (a raw one's arguments as its family
+    recovers them; its class alone where they cannot be recovered)."""
     if prior is None:
         return ""
     if isinstance(prior, FixedDistrax):
-        shown = [
-            f"{k}={_errors.display(v)}" if eqx.is_array(v) else f"{k}={v!r}"
-            for k, v in prior.arguments.items()
-            if eqx.is_array(v) or isinstance(v, (int, float))
-        ]
-        return f"{prior.cls.__name__}({', '.join(shown)})"
-    return type(prior).__name__
+        cls, arguments = prior.cls, prior.arguments
+    else:
+        cls, family = type(prior), _families.family_of_instance(prior)
+        try:
+            arguments = {} if family is None else family.arguments_of(prior)
+        except TypeError:
+            arguments = {}
+    numeric = lambda v: eqx.is_array(v) or type(v) in (int, float)  # noqa: E731
+    shown = [f"{k}={_errors.display(v)}" for k, v in arguments.items() if numeric(v)]
+    return f"{cls.__name__}({', '.join(shown)})" if shown else cls.__name__
 
 
 def summary(model: PyTree, overrides: Any = None) -> Summary:

@@ -58,7 +58,7 @@ def test_rows_of_a_raw_model():
     ls = rows["kernel.lengthscale"]
     assert (ls.shape, ls.dtype, float(ls.value)) == ("()", "float32", 1.5)
     assert ls.constraint == "positive" and ls.bijector == "softplus"
-    assert ls.prior == "Gamma" and ls.trainable
+    assert ls.prior == "Gamma(concentration=2, rate=1)" and ls.trainable
     period = rows["kernel.period"]
     assert period.constraint == "interval(1.0, 5.0)" and not period.trainable
     weights = rows["kernel.weights"]
@@ -167,4 +167,38 @@ def test_a_guide_shows_its_posterior_in_constrained_space():
     assert float(rows["scale"].value) == pytest.approx(float(mean.scale), rel=1e-5)
     assert float(rows["scale"].value) == pytest.approx(2.0, rel=1e-5)  # not 1.85
     assert rows["w"].value == "[0.5, -1]"
-    assert rows["scale"].constraint == "positive" and rows["scale"].prior == "Gamma"
+    assert rows["scale"].constraint == "positive"
+    assert rows["scale"].prior == "Gamma(concentration=2, rate=1)"
+
+
+@pytest.mark.parametrize("family", ["distrax", "tfp", "numpyro"])
+def test_a_raw_and_a_wrapped_prior_are_described_alike(family):
+    """Class and numeric arguments, whether the prior is raw or wrapped (a raw
+    one was its class name alone)."""
+    if family == "distrax":
+        gamma = distrax.Gamma
+    elif family == "tfp":
+        from tensorflow_probability.substrates import jax as tfp
+
+        gamma = tfp.distributions.Gamma
+    else:
+        gamma = pytest.importorskip("numpyro.distributions").Gamma
+
+    def described(prior):
+        class Rate(eqx.Module):
+            rate: jax.Array = ep.field(constraint=ep.constraints.positive, prior=prior)
+
+        return ep.summary(Rate(jnp.array(1.0))).rows[0].prior
+
+    raw = described(gamma(2.0, 0.5))
+    assert raw == described(ep.FixedDistrax(gamma, 2.0, 0.5))
+    assert raw == "Gamma(concentration=2, rate=0.5)"
+
+
+def test_the_text_table_leaves_out_columns_empty_in_every_row():
+    """A model without priors or constraints prints no such columns, so the
+    table fits the page; `rows` keep every field."""
+    table = ep.summary({"w": jnp.ones(2), "b": jnp.zeros(())})
+    header = str(table).splitlines()[0].split()
+    assert header == ["path", "shape", "dtype", "value", "trainable"]
+    assert table.rows[0].prior == "" and "<th>prior</th>" not in table._repr_html_()
