@@ -81,7 +81,12 @@ def execute(markdown: str, name: str) -> str:
             done = match.end()
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                exec(compile(match.group(1), f"{name}[block {i}]", "exec"), namespace)
+                # dont_inherit: the page's code runs without this file's `annotations`
+                # future (as in tests/test_docs.py), so `x: int` is not a string
+                code = compile(
+                    match.group(1), f"{name}[block {i}]", "exec", dont_inherit=True
+                )
+                exec(code, namespace)
             if printed.getvalue():
                 parts.append(f"\n```text\n{printed.getvalue().rstrip()}\n```\n")
             for number in plt.get_fignums():

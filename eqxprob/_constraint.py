@@ -406,6 +406,13 @@ def register_bijector(constraint_type: type) -> Callable[[Callable], Callable]:
     for a constraint class you do not own; it takes precedence over the class's
     own `bijector` method.
 
+    The decorated factory takes the constraint instance and returns a bijector:
+    a `FixedDistrax` bijector, a raw TFP bijector, or an `eqx.Module` with
+    `forward`, `inverse` and `forward_log_det_jacobian`. Lookup is by
+    `type(constraint)`. Its `forward_log_det_jacobian` must be the density
+    correction with respect to the constraint's own measure (for matrices: the
+    free entries), so that a prior pushed back integrates to 1.
+
     **Example:**
 
     ```python
@@ -427,13 +434,6 @@ def register_bijector(constraint_type: type) -> Callable[[Callable], Callable]:
     bijector = ep.default_bijector(Negative())
     print(bijector.forward(jnp.array(0.0)))  # -1.0
     ```
-
-    The decorated factory takes the constraint instance and returns a bijector:
-    a `FixedDistrax` bijector, a raw TFP bijector, or an `eqx.Module` with
-    `forward`, `inverse` and `forward_log_det_jacobian`. Lookup is by
-    `type(constraint)`. Its `forward_log_det_jacobian` must be the density
-    correction with respect to the constraint's own measure (for matrices: the
-    free entries), so that a prior pushed back integrates to 1.
     """
     if not (
         isinstance(constraint_type, type) and issubclass(constraint_type, Constraint)

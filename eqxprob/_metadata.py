@@ -327,6 +327,13 @@ def _raw(label: str, spec: ParamSpec, x: Any, transform: Any) -> Any:
 def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
     """A tree of the model's structure with the `ParamSpec` (or `None`) of each leaf.
 
+    Specs come from `ep.field` metadata (a field annotates every leaf below it;
+    the innermost annotation wins) and from `overrides`, a `WhereDict` (or dict)
+    from where-functions or labels to `ParamSpec`s, merged attribute by attribute
+    over the metadata (an override's set attributes win; deeper overrides are
+    merged last). Two overrides selecting one node are an error. Leaves inside an
+    `ep.Bijector` or `ep.Frozen` node get `None`: metadata stops at nodes.
+
     **Arguments:**
 
     - `model`: any PyTree, typically an `eqx.Module`.
@@ -350,13 +357,6 @@ def spec_tree(model: PyTree, overrides: Any = None) -> PyTree:
     specs = ep.spec_tree(linear, {lambda l: l.bias: ep.ParamSpec(trainable=False)})
     assert specs.weight is None and specs.bias.trainable is False
     ```
-
-    Specs come from `ep.field` metadata (a field annotates every leaf below it;
-    the innermost annotation wins) and from `overrides`, a `WhereDict` (or dict)
-    from where-functions or labels to `ParamSpec`s, merged attribute by attribute
-    over the metadata (an override's set attributes win; deeper overrides are
-    merged last). Two overrides selecting one node are an error. Leaves inside an
-    `ep.Bijector` or `ep.Frozen` node get `None`: metadata stops at nodes.
     """
     return _map(model, overrides, lambda label, spec, leaf: spec)
 
@@ -431,6 +431,13 @@ def prior_tree(model: PyTree, overrides: Any = None) -> PyTree:
 def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
     """Map every annotated parameter to unconstrained space (the bijector's inverse).
 
+    A value outside its constraint's support, outside its bijector's range, or too
+    close to the boundary to be represented raises `ValueError` naming its path,
+    e.g. `kernels[0].lengthscale` (under `jit`: an `eqx.error_if` with the same
+    message). `ep.constrain` is the exact inverse. Parameter nodes (`ep.Bijector`,
+    `ep.Frozen`) are already unconstrained: they are returned unchanged, after
+    checking their value against the field's constraint.
+
     **Arguments:**
 
     - `model`: any PyTree, typically an `eqx.Module` with `ep.field` metadata.
@@ -455,13 +462,6 @@ def unconstrain(model: PyTree, overrides: Any = None) -> PyTree:
     raw = ep.unconstrain(Noise(jnp.array(2.0)))
     assert jnp.allclose(ep.constrain(raw).scale, 2.0)
     ```
-
-    A value outside its constraint's support, outside its bijector's range, or too
-    close to the boundary to be represented raises `ValueError` naming its path,
-    e.g. `kernels[0].lengthscale` (under `jit`: an `eqx.error_if` with the same
-    message). `ep.constrain` is the exact inverse. Parameter nodes (`ep.Bijector`,
-    `ep.Frozen`) are already unconstrained: they are returned unchanged, after
-    checking their value against the field's constraint.
     """
 
     def leaf(label: str, spec: ParamSpec | None, x: Any) -> Any:
@@ -559,6 +559,13 @@ def parameterize(model: PyTree, overrides: Any = None) -> PyTree:
 def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     """Sum of the prior log-densities of the (constrained) parameters.
 
+    Parameter nodes are scored at their resolved (constrained) value, so
+    `log_prior(ep.parameterize(m)) == log_prior(m)`. A value outside a prior's
+    support scores `-inf` (not NaN, not the density's formula continued). Each
+    parameter is scored in its own dtype (a float32 prior's arrays are cast for a
+    float64 parameter, and back), and the terms are summed in the widest of their
+    dtypes, at least float32.
+
     **Arguments:**
 
     - `model`: a model holding constrained values or parameter nodes; leaves
@@ -597,13 +604,6 @@ def log_prior(model: PyTree, overrides: Any = None) -> Float[Array, ""]:
     constrained = ep.log_prior(params)                         # log p(lengthscale)
     unconstrained = constrained + ep.log_det_jacobian(params)  # log p(u)
     ```
-
-    Parameter nodes are scored at their resolved (constrained) value, so
-    `log_prior(ep.parameterize(m)) == log_prior(m)`. A value outside a prior's
-    support scores `-inf` (not NaN, not the density's formula continued). Each
-    parameter is scored in its own dtype (a float32 prior's arrays are cast for a
-    float64 parameter, and back), and the terms are summed in the widest of their
-    dtypes, at least float32.
     """
     terms = [
         score_prior(label_of(path), spec.prior, _parameter.resolve(item))

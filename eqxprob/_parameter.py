@@ -136,6 +136,13 @@ def _round_trip(transform: Any, value: Array, probe: bool) -> tuple:
 class Bijector(Node):
     """A constrained parameter: an unconstrained array and a transform.
 
+    `ep.resolve` replaces the node by `transform(param)` (the bijector's `forward`
+    or the callable itself), so gradients and optimisers act on the unconstrained
+    `param`. Use it as a leaf anywhere in a model.
+
+    Using a node as an array (`jnp.asarray(node)`, `node + 1`) is a `TypeError`
+    that says to call `ep.resolve` first.
+
     **Arguments:**
 
     - `param`: the unconstrained array (finite), a nested node, or a PyTree of
@@ -160,13 +167,6 @@ class Bijector(Node):
     scale = ep.Bijector(jnp.array(0.0), jax.nn.softplus)
     assert jnp.allclose(ep.resolve(scale), jnp.log(2.0))
     ```
-
-    `ep.resolve` replaces the node by `transform(param)` (the bijector's `forward`
-    or the callable itself), so gradients and optimisers act on the unconstrained
-    `param`. Use it as a leaf anywhere in a model.
-
-    Using a node as an array (`jnp.asarray(node)`, `node + 1`) is a `TypeError`
-    that says to call `ep.resolve` first.
     """
 
     param: Any
@@ -368,6 +368,13 @@ def is_bijector(x: Any) -> bool:
 def resolve(tree: PyTree) -> PyTree:
     """Replace every `Bijector` and `Frozen` node in `tree` by its value.
 
+    A `Bijector` becomes `transform(param)`, a `Frozen` its value with
+    `jax.lax.stop_gradient`. Nodes nested inside a node's `param`, `transform` or
+    `value` resolve first (innermost first). paramax wrappers (GPJax 1.0's
+    parameters among them) resolve too, with `paramax.unwrap`. Call it at the top
+    of a forward pass: `self = ep.resolve(self)`. After `jax.jit` it costs nothing
+    beyond the transforms themselves. Idempotent.
+
     **Arguments:**
 
     - `tree`: any PyTree; other nodes and leaves are returned unchanged.
@@ -386,19 +393,25 @@ def resolve(tree: PyTree) -> PyTree:
     values = ep.resolve(model)
     assert jnp.allclose(values["scale"], 2.0) and values["shift"] == 1.0
     ```
-
-    A `Bijector` becomes `transform(param)`, a `Frozen` its value with
-    `jax.lax.stop_gradient`. Nodes nested inside a node's `param`, `transform` or
-    `value` resolve first (innermost first). paramax wrappers (GPJax 1.0's
-    parameters among them) resolve too, with `paramax.unwrap`. Call it at the top
-    of a forward pass: `self = ep.resolve(self)`. After `jax.jit` it costs nothing
-    beyond the transforms themselves. Idempotent.
     """
     return _node.resolve(tree)
 
 
 def trainable(tree: PyTree) -> PyTree[bool]:
     """A filter spec: `True` exactly where an optimiser should act.
+
+    `True` at the `param` of every `Bijector` and at floating-point arrays
+    outside any node; `False` inside `Frozen` nodes (and paramax's
+    `NonTrainable`, so GPJax-frozen values stay frozen), at a transform's own arrays
+    (bounds, shifts, scales) and at non-float leaves. The result has the structure
+    of `tree`, so `eqx.partition(tree, ep.trainable(tree))` splits off exactly the
+    trained part: gradients, optimiser state and weight decay never reach the
+    rest. (`eqx.is_inexact_array` would let weight decay move frozen values.)
+    `ep.partition(tree)` is the same split in one call.
+
+    Every other float array is trained, including the arrays of a `FixedDistrax`
+    stored in the model (say a prior's `loc` and `scale`): wrap such objects in
+    `ep.frozen` to keep them fixed.
 
     **Arguments:**
 
@@ -420,19 +433,6 @@ def trainable(tree: PyTree) -> PyTree[bool]:
     assert params["x"].param is not None and params["x"].transform.low is None
     assert params["noise"].value is None
     ```
-
-    `True` at the `param` of every `Bijector` and at floating-point arrays
-    outside any node; `False` inside `Frozen` nodes (and paramax's
-    `NonTrainable`, so GPJax-frozen values stay frozen), at a transform's own arrays
-    (bounds, shifts, scales) and at non-float leaves. The result has the structure
-    of `tree`, so `eqx.partition(tree, ep.trainable(tree))` splits off exactly the
-    trained part: gradients, optimiser state and weight decay never reach the
-    rest. (`eqx.is_inexact_array` would let weight decay move frozen values.)
-    `ep.partition(tree)` is the same split in one call.
-
-    Every other float array is trained, including the arrays of a `FixedDistrax`
-    stored in the model (say a prior's `loc` and `scale`): wrap such objects in
-    `ep.frozen` to keep them fixed.
     """
     return _mask(tree, True)
 
@@ -488,6 +488,15 @@ def _mask(tree: PyTree, default: bool) -> PyTree[bool]:
 def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:
     """The sum of `log|det J|` of every `Bijector`'s forward map at its `param`.
 
+    With it, a density over the constrained values becomes one over the
+    unconstrained parameters: `log_prior(ep.resolve(m)) + ep.log_det_jacobian(m)`,
+    for MAP or MCMC in unconstrained space. Each term is taken with respect to the
+    constrained distribution's own measure (a simplex's first `n - 1`
+    coordinates, a Cholesky factor's lower triangle, ...), so a prior pushed back
+    integrates to one. A `Bijector` nested in another's `param` contributes its
+    own term (the chain rule); `Bijector`s inside `Frozen` nodes are constants and
+    contribute nothing.
+
     **Arguments:**
 
     - `tree`: any PyTree.
@@ -511,15 +520,6 @@ def log_det_jacobian(tree: PyTree) -> Float[Array, ""]:
     expected = jax.nn.log_sigmoid(scale.param)  # softplus' = sigmoid
     assert abs(ep.log_det_jacobian(scale) - expected) < 1e-6
     ```
-
-    With it, a density over the constrained values becomes one over the
-    unconstrained parameters: `log_prior(ep.resolve(m)) + ep.log_det_jacobian(m)`,
-    for MAP or MCMC in unconstrained space. Each term is taken with respect to the
-    constrained distribution's own measure (a simplex's first `n - 1`
-    coordinates, a Cholesky factor's lower triangle, ...), so a prior pushed back
-    integrates to one. A `Bijector` nested in another's `param` contributes its
-    own term (the chain rule); `Bijector`s inside `Frozen` nodes are constants and
-    contribute nothing.
     """
     terms: list[Array] = []
     _log_dets(tree, terms)

@@ -96,6 +96,17 @@ def _check_event(event: Any) -> bool | BoolScalarLike:
 class UpdateOnEvent(eqx.Module):
     """Run a stateful module only when an event fires; otherwise freeze it.
 
+    On steps where `event` is true the wrapped module is called and both its output
+    and **all** of its state (every `eqx.nn.StateIndex`, at any depth) move on. On
+    steps where `event` is false the previous output is returned and the state is
+    left exactly as it was. The previous output is itself stored in the state, so
+    the wrapper is pure and works under `jax.jit`, `jax.lax.scan` and `jax.vmap`.
+
+    A traced scalar `event` uses `jax.lax.cond`, so the module's computation is
+    skipped when the event is false. (Under `jax.vmap` over a batch of events, JAX
+    turns this into a `select` and computes both branches.) A Python `bool` is
+    resolved at trace time.
+
     **Example:**
 
     ```python
@@ -120,17 +131,6 @@ class UpdateOnEvent(eqx.Module):
     out, state = model(False, x, state)  # 2.0 again; the counter is frozen
     assert out == 2.0
     ```
-
-    On steps where `event` is true the wrapped module is called and both its output
-    and **all** of its state (every `eqx.nn.StateIndex`, at any depth) move on. On
-    steps where `event` is false the previous output is returned and the state is
-    left exactly as it was. The previous output is itself stored in the state, so
-    the wrapper is pure and works under `jax.jit`, `jax.lax.scan` and `jax.vmap`.
-
-    A traced scalar `event` uses `jax.lax.cond`, so the module's computation is
-    skipped when the event is false. (Under `jax.vmap` over a batch of events, JAX
-    turns this into a `select` and computes both branches.) A Python `bool` is
-    resolved at trace time.
     """
 
     module: Any

@@ -135,10 +135,30 @@ def _distribution(prior: Any) -> str:
 def summary(model: PyTree, overrides: Any = None) -> Summary:
     """A table of the model's parameters: one row per array leaf or parameter node.
 
+    Columns: `path` (argument names inside `FixedDistrax`, e.g.
+    `likelihood.dist.scale`), `shape`, `dtype`, `value` (constrained; big arrays as
+    mean and range), `constraint`, `bijector`, `prior` (class and numeric
+    arguments, `Gamma(concentration=2, rate=1)`, raw or wrapped alike),
+    `trainable`; a column empty in every row is left out. Works on raw
+    models with `ep.field` metadata (the bijector is the one `ep.unconstrain`
+    would use), on `ep.parameterize`d models and on models holding
+    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes, and on GPJax 1.0 models
+    (paramax wrappers: the constrained value under the parameter's own name,
+    `NonTrainable` ones not trainable, as for `ep.trainable`). For an `ep.guide`,
+    the rows are the model's, at the posterior's location mapped through each
+    parameter's bijector (`guide.mean()`). Python numbers get a row
+    too, with their type as dtype, not trainable (they are static). `print` it,
+    or look at `.rows`.
+
     **Arguments:**
 
     - `model`: any PyTree.
     - `overrides`: optional `{where: ep.ParamSpec}`, as for `ep.spec_tree`.
+
+    **Returns:**
+
+    A `Summary`: its `rows`, printed as plain text, HTML in notebooks, `rich`
+    where installed.
 
     **Example:**
 
@@ -159,19 +179,6 @@ def summary(model: PyTree, overrides: Any = None) -> Summary:
     print(table)
     assert table.rows[0].path == "lengthscale" and table.rows[0].value == "1.5"
     ```
-
-    Columns: `path` (argument names inside `FixedDistrax`, e.g.
-    `likelihood.dist.scale`), `shape`, `dtype`, `value` (constrained; big arrays as
-    mean and range), `constraint`, `bijector`, `prior`, `trainable`. Works on raw
-    models with `ep.field` metadata (the bijector is the one `ep.unconstrain`
-    would use), on `ep.parameterize`d models and on models holding
-    `FixedDistrax`, `ep.Bijector` and `ep.Frozen` nodes, and on GPJax 1.0 models
-    (paramax wrappers: the constrained value under the parameter's own name,
-    `NonTrainable` ones not trainable, as for `ep.trainable`). For an `ep.guide`,
-    the rows are the model's, at the posterior's location mapped through each
-    parameter's bijector (`guide.mean()`). Python numbers get a row
-    too, with their type as dtype, not trainable (they are static). `print` it,
-    or look at `.rows`.
     """
     if isinstance(model, _variational.Guide):  # the posterior, constrained
         model, overrides = model.mean(), model.overrides

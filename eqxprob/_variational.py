@@ -64,6 +64,18 @@ class _Random(NamedTuple):
 class Guide(eqx.Module):
     """A Gaussian variational distribution over a model's random parameters.
 
+    Built by `ep.guide`. Its arrays are the variational parameters (`loc` and a
+    family-specific scale, as `ep.Bijector` nodes) and the model's point estimates;
+    it trains with `ep.fit`, serialises and shards like any model.
+
+    - `sample(key, n)`: `n` models drawn from the guide, stacked along a leading
+      axis of every random leaf, constrained, with the model's structure.
+    - `mean()`: the model at the guide's location (its median in constrained
+      space, since the transforms are monotone per coordinate).
+    - `log_prob(model)`: the guide's log-density of a model's unconstrained
+      random parameters (w.r.t. Lebesgue measure on the unconstrained space).
+    - `distribution`: the guide as a wrapped distrax multivariate normal.
+
     **Example:**
 
     ```python
@@ -83,18 +95,6 @@ class Guide(eqx.Module):
     assert draws.rate.shape == (100,) and bool(jnp.all(draws.rate > 0))
     assert jnp.allclose(q.mean().rate, 1.5)
     ```
-
-    Built by `ep.guide`. Its arrays are the variational parameters (`loc` and a
-    family-specific scale, as `ep.Bijector` nodes) and the model's point estimates;
-    it trains with `ep.fit`, serialises and shards like any model.
-
-    - `sample(key, n)`: `n` models drawn from the guide, stacked along a leading
-      axis of every random leaf, constrained, with the model's structure.
-    - `mean()`: the model at the guide's location (its median in constrained
-      space, since the transforms are monotone per coordinate).
-    - `log_prob(model)`: the guide's log-density of a model's unconstrained
-      random parameters (w.r.t. Lebesgue measure on the unconstrained space).
-    - `distribution`: the guide as a wrapped distrax multivariate normal.
     """
 
     # The template holds unconstrained values where the model's fields are
@@ -235,6 +235,23 @@ def guide(
 ) -> Guide:
     """A Gaussian variational guide over the unconstrained parameters of `model`.
 
+    Random parameters are the trainable float leaves with a prior (from `ep.field`
+    metadata and/or `overrides`); they are flattened into one vector `u` (in leaf
+    order) and the guide is `q(u) = N(loc, S Sᵀ)`:
+
+    - `"mean_field"`: `S` diagonal, an `ep.positive` vector;
+    - `"full_rank"`: `S` lower-triangular, an `ep.lower_cholesky` matrix;
+    - `"low_rank"`: `S = diag(d) + U Vᵀ` with `d` positive and `U`, `V` of `rank`
+      columns (started small, not zero: zero is a stationary point).
+
+    `loc` starts at the model's current (unconstrained) values, the scale at
+    `init_scale`. Leaves without a prior are point estimates, trained with the
+    guide; frozen leaves (`trainable=False`) stay fixed. A model holding
+    `ep.Bijector` nodes keeps them as point estimates; declare random parameters
+    with `ep.field` metadata on plain arrays. The guide keeps every constrained
+    field in unconstrained space itself (the model is not `ep.parameterize`d
+    first), so `ep.fit` trains it inside the supports.
+
     **Arguments:**
 
     - `model`: an Equinox model (any PyTree) with prior metadata.
@@ -266,23 +283,6 @@ def guide(
     q = ep.guide(Line(jnp.zeros(2), jnp.array(0.5)), "full_rank")
     assert q.loc.shape == (2,) and ep.resolve(q.scale).shape == (2, 2)
     ```
-
-    Random parameters are the trainable float leaves with a prior (from `ep.field`
-    metadata and/or `overrides`); they are flattened into one vector `u` (in leaf
-    order) and the guide is `q(u) = N(loc, S Sᵀ)`:
-
-    - `"mean_field"`: `S` diagonal, an `ep.positive` vector;
-    - `"full_rank"`: `S` lower-triangular, an `ep.lower_cholesky` matrix;
-    - `"low_rank"`: `S = diag(d) + U Vᵀ` with `d` positive and `U`, `V` of `rank`
-      columns (started small, not zero: zero is a stationary point).
-
-    `loc` starts at the model's current (unconstrained) values, the scale at
-    `init_scale`. Leaves without a prior are point estimates, trained with the
-    guide; frozen leaves (`trainable=False`) stay fixed. A model holding
-    `ep.Bijector` nodes keeps them as point estimates; declare random parameters
-    with `ep.field` metadata on plain arrays. The guide keeps every constrained
-    field in unconstrained space itself (the model is not `ep.parameterize`d
-    first), so `ep.fit` trains it inside the supports.
     """
     if family not in ("mean_field", "full_rank", "low_rank"):
         raise TypeError(
@@ -359,6 +359,17 @@ def elbo(
 ) -> Float[Array, ""]:
     """A reparameterised estimate of the evidence lower bound.
 
+    `E_q[s · log p(data | θ) + log p(θ) + log|det J(u)|] + H[q]`, with `θ` the
+    constrained model at unconstrained `u ~ q`, `J` the Jacobian of the registry's
+    bijectors (w.r.t. each support's own measure) and `H[q]` the guide's analytic
+    entropy. With `analytic=True`, a Normal prior on an unconstrained (identity)
+    leaf contributes its expectation in closed form rather than by sampling (so a
+    Gaussian prior and guide give the analytic `-KL`), which lowers the variance.
+
+    **Minibatches:** with a batch of `b` of `N` rows, pass `likelihood_scale=N / b`:
+    with rows drawn uniformly (as `ep.fit` does) the estimate is unbiased for the
+    full-data ELBO.
+
     **Arguments:**
 
     - `guide`: from `ep.guide`.
@@ -396,17 +407,6 @@ def elbo(
                   steps=1000, key=jax.random.key(0), progress=False)
     assert abs(q.loc[0] - 1.13) < 0.05  # posterior mean: sum(y) / (3 + 1e-2)
     ```
-
-    `E_q[s · log p(data | θ) + log p(θ) + log|det J(u)|] + H[q]`, with `θ` the
-    constrained model at unconstrained `u ~ q`, `J` the Jacobian of the registry's
-    bijectors (w.r.t. each support's own measure) and `H[q]` the guide's analytic
-    entropy. With `analytic=True`, a Normal prior on an unconstrained (identity)
-    leaf contributes its expectation in closed form rather than by sampling (so a
-    Gaussian prior and guide give the analytic `-KL`), which lowers the variance.
-
-    **Minibatches:** with a batch of `b` of `N` rows, pass `likelihood_scale=N / b`:
-    with rows drawn uniformly (as `ep.fit` does) the estimate is unbiased for the
-    full-data ELBO.
     """
     if not isinstance(guide, Guide):
         raise TypeError(

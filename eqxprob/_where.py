@@ -182,6 +182,16 @@ def _as_where(label: Where | str) -> Where:
 def where_labels(where: Where | str) -> PyTree[str]:
     """The labels of what a where-function selects, without needing a tree.
 
+    Attribute access gives `"a.b"`, an index `"b[0]"` and a string key
+    `"c['k']"`. Labels are what was written: `"b[-1]"` stays negative. The
+    identity `lambda s: s` selects the whole tree; its label is `""`, as
+    `jax.tree_util.keystr(())`. A label parses back into a where-function, so
+    labels may be used wherever where-functions are.
+
+    `where` is called at every call of `where_labels`, so the label follows what
+    it reads then: a closure variable, a default argument or a global index
+    gives its current value, as calling `where` on a tree would.
+
     **Arguments:**
 
     - `where`: a function of one argument, as for `eqx.tree_at`, or a label (a
@@ -211,16 +221,6 @@ def where_labels(where: Where | str) -> PyTree[str]:
     i = 2
     assert ep.where_labels(where) == "layers[2]"
     ```
-
-    Attribute access gives `"a.b"`, an index `"b[0]"` and a string key
-    `"c['k']"`. Labels are what was written: `"b[-1]"` stays negative. The
-    identity `lambda s: s` selects the whole tree; its label is `""`, as
-    `jax.tree_util.keystr(())`. A label parses back into a where-function, so
-    labels may be used wherever where-functions are.
-
-    `where` is called at every call of `where_labels`, so the label follows what
-    it reads then: a closure variable, a default argument or a global index
-    gives its current value, as calling `where` on a tree would.
     """
     if isinstance(where, str):
         _parse(where)
@@ -294,6 +294,15 @@ def where_paths(
 ) -> PyTree[tuple[Any, ...]]:
     """The JAX key paths of the nodes a where-function selects in `tree`.
 
+    Paths are derived from the recorded accesses, each checked against `tree`:
+    an attribute becomes `jax.tree_util.GetAttrKey` (Equinox fields,
+    namedtuples), a dict key `DictKey`, a list or tuple index `SequenceKey`
+    (negative indices resolved). For leaves, these are the paths
+    `jax.tree_util.tree_flatten_with_path` gives. Selected nodes need not be
+    leaves, and a node and its own child may both be selected. Paths follow the
+    accesses and never object identity: an array that appears at two places of
+    `tree` gets, for each selection, the path of the place that selection names.
+
     **Arguments:**
 
     - `where`: a where-function or a label, as for `where_labels`.
@@ -326,15 +335,6 @@ def where_paths(
         (jtu.DictKey("a"), jtu.SequenceKey(1)),
     )
     ```
-
-    Paths are derived from the recorded accesses, each checked against `tree`:
-    an attribute becomes `jax.tree_util.GetAttrKey` (Equinox fields,
-    namedtuples), a dict key `DictKey`, a list or tuple index `SequenceKey`
-    (negative indices resolved). For leaves, these are the paths
-    `jax.tree_util.tree_flatten_with_path` gives. Selected nodes need not be
-    leaves, and a node and its own child may both be selected. Paths follow the
-    accesses and never object identity: an array that appears at two places of
-    `tree` gets, for each selection, the path of the place that selection names.
     """
     labels = where_labels(where)
     return jtu.tree_map(lambda label: _key_path(label, tree, is_leaf), labels)
@@ -360,6 +360,17 @@ def _immutable(self: WhereDict, *args: Any, **kwargs: Any) -> Any:
 class WhereDict(dict):
     """An ordered, immutable mapping keyed by where-functions or their labels.
 
+    A key may be given as a where-function or as its label, interchangeably:
+    `d["foo.bar"] is d[lambda x: x.foo.bar]`, also for `in` and `get`. Each key
+    selects one node. Iteration, `keys()` and `items()` give the labels, in
+    insertion order; `wheres()` and `where_items()` give the where-functions for
+    surgery (the original ones, or ones parsed from labels given as keys), as
+    `tree_at_all` does.
+
+    A `WhereDict` is a `dict` from labels to values; a where-function is looked
+    up by its label at that call (see `where_labels`). It is immutable: build a
+    new one to change it.
+
     **Arguments:**
 
     - `entries`: a mapping, or an iterable of `(key, value)` pairs, whose keys
@@ -381,17 +392,6 @@ class WhereDict(dict):
     assert (lambda m: m.noise) in d
     assert list(d) == ["kernel.lengthscale", "noise"]
     ```
-
-    A key may be given as a where-function or as its label, interchangeably:
-    `d["foo.bar"] is d[lambda x: x.foo.bar]`, also for `in` and `get`. Each key
-    selects one node. Iteration, `keys()` and `items()` give the labels, in
-    insertion order; `wheres()` and `where_items()` give the where-functions for
-    surgery (the original ones, or ones parsed from labels given as keys), as
-    `tree_at_all` does.
-
-    A `WhereDict` is a `dict` from labels to values; a where-function is looked
-    up by its label at that call (see `where_labels`). It is immutable: build a
-    new one to change it.
     """
 
     __slots__ = ("_keys",)

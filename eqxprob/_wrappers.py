@@ -245,6 +245,47 @@ _UNIFORM: dict[str, bool] = {}  # uniform method name -> whether a distribution'
 class FixedDistrax(Wrapped):
     """A distrax, TFP-JAX or numpyro distribution or bijector as a proper PyTree.
 
+    **A field is its argument**: `d.loc` is the `loc` you gave (or `eqx.tree_at`
+    put there), in every context; the library's own value (broadcast, normalised,
+    derived) is `d.instantiate().loc`. Every other attribute is the library's own,
+    of its own kind (numpyro's `d.mean` a value, distrax's `d.mean()` a call), built
+    afresh at each use, which costs nothing after `jax.jit`. A method returning a
+    distribution or bijector returns it wrapped (`FixedDistrax.from_instance`), and
+    slicing `d[index]` is the library's own, wrapped; where that rebuild would not
+    be faithful, a `TypeError` says so and names the raw way,
+    `d.instantiate()[index]`.
+
+    The leaves are exactly the array arguments, each keyed by its constructor
+    parameter, so `eqx.filter_grad`, `eqx.partition` / `eqx.combine`,
+    `eqx.tree_at(lambda d: d.loc, ...)`, `jax.jit`, `jax.vmap`, `lax.scan`,
+    serialisation and optax all work, and key paths read `.loc`. Arguments split:
+
+    - arrays (JAX or NumPy) and nested `FixedDistrax` objects, also inside lists,
+      tuples and dicts, are leaves (an `ep.Bijector` node among them is resolved by
+      `ep.resolve`, as in the example below);
+    - **Python floats become arrays** of the default float dtype (float32, or
+      float64 with `jax_enable_x64`), as distrax itself converts them: they are
+      trained, saved and loaded like any parameter. The few arguments a class
+      branches on in Python stay static floats (see the "supported families"
+      page, e.g. `distrax.RationalQuadraticSpline`'s `range_min`);
+    - everything else (Python ints, bools, strings, `None`, dtypes, callables) is
+      static and compared by value and type, so an equal wrapper built separately
+      does not recompile.
+
+    One uniform method set fills what a library lacks or spells otherwise, listed
+    with its reasons on the "supported families" page: `sample(seed=,
+    sample_shape=)` (numpyro also takes its own `sample(key, sample_shape)`),
+    `sample_and_log_prob`, `prob`, `log_cdf`, `stddev()`, `kl_divergence(other)`,
+    `cross_entropy(other)`, `batch_shape`/`event_shape` (tuples), `dtype`;
+    bijectors: `forward`, `inverse`, `forward_and_log_det`, `inverse_and_log_det`,
+    `forward_log_det_jacobian`, `inverse_log_det_jacobian`, `event_ndims_in` and
+    `__call__` (= `forward`). A wrapped argument of any method is built first.
+
+    Construction checks the arguments by building the object once (with any
+    `ep.Bijector`/`ep.Frozen` node among them resolved): the library's own checks
+    run, numpyro's value checks included where its validation is on. No call
+    mutates process-wide state, so wrappers may be used from several threads.
+
     **Arguments:**
 
     - `cls`: a concrete distrax, TFP-JAX or numpyro distribution or bijector class.
@@ -278,47 +319,6 @@ class FixedDistrax(Wrapped):
     assert abs(fitted.loc - data.mean()) < 0.01 and fitted.scale > 0
     assert fitted.mean == fitted.loc  # numpyro's `mean`: a property, as in numpyro
     ```
-
-    **A field is its argument**: `d.loc` is the `loc` you gave (or `eqx.tree_at`
-    put there), in every context; the library's own value (broadcast, normalised,
-    derived) is `d.instantiate().loc`. Every other attribute is the library's own,
-    of its own kind (numpyro's `d.mean` a value, distrax's `d.mean()` a call), built
-    afresh at each use, which costs nothing after `jax.jit`. A method returning a
-    distribution or bijector returns it wrapped (`FixedDistrax.from_instance`), and
-    slicing `d[index]` is the library's own, wrapped; where that rebuild would not
-    be faithful, a `TypeError` says so and names the raw way,
-    `d.instantiate()[index]`.
-
-    The leaves are exactly the array arguments, each keyed by its constructor
-    parameter, so `eqx.filter_grad`, `eqx.partition` / `eqx.combine`,
-    `eqx.tree_at(lambda d: d.loc, ...)`, `jax.jit`, `jax.vmap`, `lax.scan`,
-    serialisation and optax all work, and key paths read `.loc`. Arguments split:
-
-    - arrays (JAX or NumPy) and nested `FixedDistrax` objects, also inside lists,
-      tuples and dicts, are leaves (an `ep.Bijector` node among them is resolved by
-      `ep.resolve`, as above);
-    - **Python floats become arrays** of the default float dtype (float32, or
-      float64 with `jax_enable_x64`), as distrax itself converts them: they are
-      trained, saved and loaded like any parameter. The few arguments a class
-      branches on in Python stay static floats (see the "supported families"
-      page, e.g. `distrax.RationalQuadraticSpline`'s `range_min`);
-    - everything else (Python ints, bools, strings, `None`, dtypes, callables) is
-      static and compared by value and type, so an equal wrapper built separately
-      does not recompile.
-
-    One uniform method set fills what a library lacks or spells otherwise, listed
-    with its reasons on the "supported families" page: `sample(seed=,
-    sample_shape=)` (numpyro also takes its own `sample(key, sample_shape)`),
-    `sample_and_log_prob`, `prob`, `log_cdf`, `stddev()`, `kl_divergence(other)`,
-    `cross_entropy(other)`, `batch_shape`/`event_shape` (tuples), `dtype`;
-    bijectors: `forward`, `inverse`, `forward_and_log_det`, `inverse_and_log_det`,
-    `forward_log_det_jacobian`, `inverse_log_det_jacobian`, `event_ndims_in` and
-    `__call__` (= `forward`). A wrapped argument of any method is built first.
-
-    Construction checks the arguments by building the object once (with any
-    `ep.Bijector`/`ep.Frozen` node among them resolved): the library's own checks
-    run, numpyro's value checks included where its validation is on. No call
-    mutates process-wide state, so wrappers may be used from several threads.
     """
 
     cls: type
