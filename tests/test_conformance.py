@@ -79,13 +79,6 @@ def _split(params):
     return floats, {k: v for k, v in params.items() if k not in floats}
 
 
-# Without LLVM's optimisations, both sides of every comparison alike: a quarter less
-# compile time, which is most of this file's.
-_compiled = functools.partial(
-    jax.jit, compiler_options={"xla_backend_optimization_level": 0}
-)
-
-
 # One compilation per case serves every test (eager TFP is slow op by op): the
 # input, the raw object's value and `jax.grad` (the reference), and the wrapper's
 # value and `filter_grad`, together.
@@ -98,7 +91,7 @@ def _both(name: str):
     )
     wrapped = eqx.filter_value_and_grad(lambda w, x: _value(w, case, x))
 
-    @_compiled
+    @jax.jit
     def both(floats, others, w, base, x):
         # (`x` an argument: TFP's cache, keyed by the input's identity, must not
         # see one array in two traces.)
@@ -299,7 +292,7 @@ def test_vmap_over_stacked_wrappers_and_scan_carry(name):
         carry = jtu.tree_map(_touch, carry)
         return carry, _value(carry, case, x)
 
-    @_compiled
+    @jax.jit
     def both(stacked, wrapped):
         mapped = jax.vmap(lambda w: _value(w, case, x))(stacked) if case.params else 0
         return mapped, jax.lax.scan(step, wrapped, None, length=3)

@@ -224,6 +224,7 @@ def test_svgp_step_compiles_like_hand_written_jax(examples):
     assert count_hlo_ops(model_step) <= 1.05 * count_hlo_ops(hand_step)
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("TFP's xlogy jvp in Gamma.log_prob: numpy_math.py:1068")
 def test_map_with_priors_moves_towards_the_priors(examples, capsys):
     example = examples("map_with_priors")
@@ -291,6 +292,7 @@ def _logistic_regression_accuracy(x, y, x_test, y_test):
     return np.mean((scores > 0) == (y_test > 0.5))
 
 
+@pytest.mark.slow
 def test_svgp_classification_nears_the_bayes_classifier(examples, capsys):
     """Held-out accuracy close to the Bayes classifier sign(g(x)) (the best possible
     in expectation; computed here from g, not from the example), far above linear
@@ -364,6 +366,7 @@ def test_svgp_sharded_over_8_devices_equals_single_device():
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-6
 
 
+@pytest.mark.slow
 def test_lbfgs_fits_the_exact_gp_to_scipys_bfgs_optimum(examples):
     """Full-batch quasi-Newton GP fitting with `ep.fit` alone, as GPJax's
     regression example does with BFGS: the same optimum as scipy's BFGS on the

@@ -5,6 +5,7 @@ import functools
 import os
 import pathlib
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -560,7 +561,9 @@ def test_a_library_object_reached_by_two_functions_trains_what_both_read():
 
 
 @pytest.mark.standard_promotion("the hand-written reference runs optax directly")
-@pytest.mark.parametrize("inner", ["lbfgs", "reduce_on_plateau"])
+@pytest.mark.parametrize(
+    "inner", [pytest.param("lbfgs", marks=pytest.mark.slow), "reduce_on_plateau"]
+)
 def test_multisteps_passes_the_loss_on_to_an_optimiser_that_needs_it(inner):
     """`optax.MultiSteps` around an optimiser that takes `value=`, `grad=` and
     `value_fn=` trains as a hand-written loop passing them to its `update` (the
@@ -1482,6 +1485,7 @@ print("ok")
     assert on_8_devices(code).stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_fit_under_meshes_with_explicit_axes_on_8_devices():
     """Under `jax.make_mesh`'s default `Explicit` axes a sharding is part of an
     array's type: the losses' buffer, the optimiser state and each minibatch
@@ -1690,6 +1694,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_in_a_new_process_bit_for_bit(tmp_path):
     """Save (`eqx.tree_serialise_leaves`), a new process, a skeleton from
     `ep.FitState.init`, resume: the losses and model of one long run, bit for
@@ -1907,3 +1912,33 @@ def test_a_float32_float64_mix_names_each_dtypes_paths_and_the_fix():
         mixed = lambda m: jnp.sum(m.a) + jnp.sum(m.b) + jnp.float32(1.0)  # noqa: E731
         with pytest.raises(jax.dtypes.TypePromotionError, match="^Input dtypes"):
             ep.fit(same, mixed, optimiser=optax.sgd(0.1), steps=2, progress=False)
+
+
+def test_a_warning_of_the_loss_shows_once_per_call():
+    """The loss is traced once a call, however many chunks run (and a chunk
+    run again, checked, evaluates that trace, not the loss): float64 data
+    asked for with x64 off warns once, not once per chunk."""
+    x = np.linspace(0.0, 1.0, 50)
+
+    def loss(m):  # (float64 asked for explicitly: JAX warns and truncates)
+        return jnp.mean((m - jnp.asarray(x, dtype=np.float64)) ** 2)
+
+    def warnings_of(steps: int, lr: float) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                ep.fit(
+                    jnp.array(0.0),
+                    loss,
+                    optimiser=optax.sgd(lr),
+                    steps=steps,
+                    progress=False,
+                )
+            except ep.NonFiniteLossError:
+                pass
+        return [str(w.message) for w in caught]
+
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on: float64 is available, nothing warns")
+    assert len(warnings_of(40, 0.1)) == 1  # chunks of 2, 2, L, ..., the rest
+    assert len(warnings_of(40, 1e30)) == 1  # and a chunk run again, checked

@@ -167,6 +167,7 @@ def test_minibatch_elbo_is_unbiased_for_the_full_data_elbo():
         assert se < 0.05 * abs(exact)  # the check is sharp enough to fail
 
 
+@pytest.mark.slow
 def test_full_rank_optimum_is_the_exact_posterior():
     """Conjugate model: adam, then SGD with many samples to quiet the noise."""
     with jax.enable_x64(True):
@@ -296,6 +297,7 @@ def test_point_estimates_train_and_frozen_values_stay():
     assert q.mean().period == 2.0
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("numpyro SVI: numpyro/distributions/util.py:339")
 def test_mean_field_elbo_matches_numpyro_autonormal():
     numpyro = pytest.importorskip("numpyro")
