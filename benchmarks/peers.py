@@ -17,8 +17,7 @@ Per step is the time difference between warm calls of S steps and of one step
 (min over interleaved rounds), so a call's own costs (for `ep.fit`, its trace at
 every call) drop out, and a variant's timed calls of S steps all run one
 program (a `jit(scan)` of S steps and one of 2S would be two). S is large enough
-that the steps dwarf that cost (4,000 SVGP steps on the CPU; 1,024 on a GPU, a
-multiple of `ep.fit`'s blocks of 32, so that no step is discarded); numpyro
+that the steps dwarf that cost (4,000 SVGP steps on the CPU; 1,024 on a GPU); numpyro
 runs at most 1,000, its steps being 10-50 times longer. "compile" is a
 first call of S steps minus a warm one, and "XLA compile" the backend
 compilation JAX reports of the steps' program (its largest of a call), the min

@@ -1938,7 +1938,7 @@ def test_a_warning_of_the_loss_shows_once_per_call():
                 pass
         return [str(w.message) for w in caught]
 
-    if jax.config.jax_enable_x64:
+    if jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]
         pytest.skip("x64 is on: float64 is available, nothing warns")
     assert len(warnings_of(40, 0.1)) == 1  # chunks of 2, 2, L, ..., the rest
     assert len(warnings_of(40, 1e30)) == 1  # and a chunk run again, checked
