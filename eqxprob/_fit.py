@@ -490,7 +490,8 @@ def fit(
       on every process (see [several hosts](../howto/multi_host.md)).
     - `key`: a PRNG key, for minibatches and for a loss taking `key`.
     - `progress`: show a tqdm bar with the loss (a notebook widget where
-      ipywidgets is installed, else text on stderr); it says when it compiles.
+      ipywidgets is installed, else text on stderr), which says `compiling`
+      while a chunk compiles and `training` while steps run.
     - `chunk_size`: the most steps of one compiled chunk, between two progress
       updates (chunks hold at most about half a second of steps, as timed).
     - `state`: a `FitState` to continue from (`FitState.init` or one returned).
@@ -602,7 +603,7 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
                 return jtu.tree_leaves(out)
 
             programs[n, check] = _programs.program(fit_chunk, flat)
-            bar.set_description_str("", refresh=False)
+            bar.set_description_str("training", refresh=False)
         compiled, notes = programs[n, check]
         *state, values, bad = compiled(*flat)
         return state, values, int(bad), notes  # (`int` waits for the chunk)

@@ -1942,3 +1942,10 @@ def test_a_warning_of_the_loss_shows_once_per_call():
         pytest.skip("x64 is on: float64 is available, nothing warns")
     assert len(warnings_of(40, 0.1)) == 1  # chunks of 2, 2, L, ..., the rest
     assert len(warnings_of(40, 1e30)) == 1  # and a chunk run again, checked
+
+
+def test_the_progress_bar_says_compiling_then_training(capsys):
+    ep.fit(jnp.array(1.0), lambda m: m**2, optimiser=optax.sgd(0.1), steps=20)
+    text = capsys.readouterr().err
+    assert 0 <= text.index("compiling") < text.rindex("training")
+    assert "20/20" in text.rsplit("\r", 1)[-1]  # the bar's last state: every step
