@@ -412,9 +412,12 @@ def natural_gradient(
     **Returns:**
 
     An `optax.GradientTransformationExtraArgs` for `ep.fit(..., optimiser=...)`.
-    Its `update` needs `params` and `value_fn=` (the loss of the parameters at
-    this step's batch and key), which `ep.fit` passes; it reads the gradient from
-    `grad=` (else `updates`).
+    Its `update` takes `updates` as the gradient of the loss (so it comes first
+    in an `optax.chain`) and needs `params` and, with an `optimiser`, `value_fn=`
+    (the loss of the parameters at this step's batch and key): `ep.fit` passes
+    both. With `optimiser=None` it needs no `value_fn` and composes with
+    `optax.multi_transform` (the other group then steps at the current Gaussians,
+    not the updated ones).
 
     **Raises:**
 
@@ -516,19 +519,19 @@ def natural_gradient(
         params: PyTree | None = None,
         *,
         value_fn: Callable[[PyTree], Array] | None = None,
-        grad: PyTree | None = None,
         **extra: Any,
     ) -> tuple[PyTree, NaturalGradientState]:
         del extra
-        if params is None or value_fn is None:
+        if params is None:
             raise TypeError(
-                "natural_gradient: `update` needs `params` and `value_fn=` (the loss "
-                "of the parameters): `ep.fit` passes both; in a loop of your own, "
-                "`opt.update(grads, state, params, value_fn=loss)`."
+                "natural_gradient: `update` needs `params` (and `value_fn=`, the "
+                "loss of the parameters, with an `optimiser`): `ep.fit` passes both; "
+                "in a loop of your own, `opt.update(grads, state, params, "
+                "value_fn=loss)`."
             )
         sites = _sites(params, where)
         leaves, treedef = jtu.tree_flatten(params)
-        grads = treedef.flatten_up_to(updates if grad is None else grad)
+        grads = treedef.flatten_up_to(updates)
         count = state.step
         new, ok, rate = (
             list(leaves),
@@ -561,6 +564,13 @@ def natural_gradient(
         ]
         inner = state.inner
         if optimiser is not None and len(set(changed)) < len(leaves):
+            if value_fn is None:
+                raise TypeError(
+                    "natural_gradient: with an `optimiser`, `update` needs "
+                    "`value_fn=` (the loss of the parameters), for the gradient at "
+                    "the updated Gaussians: `ep.fit` passes it; in a loop of your "
+                    "own, `opt.update(grads, state, params, value_fn=loss)`."
+                )
             moved = jtu.tree_unflatten(treedef, new)
             gradient = jax.grad(value_fn)(moved)
             rest_updates, inner = optimiser.update(

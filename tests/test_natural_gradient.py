@@ -339,6 +339,32 @@ def test_where_selects_the_gaussians_and_optimiser_trains_the_rest():
     np.testing.assert_allclose(trained["other"].loc, m0 - 0.25 * grad, atol=1e-12)
 
 
+def test_without_optimiser_it_composes_with_multi_transform():
+    x, y, noise, tau = _regression()
+    q = _triangular(
+        distrax.MultivariateNormalTri, "scale_tri", jnp.zeros(3), jnp.eye(3)
+    )
+    model = {"q": q, "shift": jnp.array(0.5)}
+
+    def loss(model):
+        model = ep.resolve(model)
+        q = model["q"]
+        cov = q.scale_tri @ q.scale_tri.T
+        shift = (model["shift"] - 2.0) ** 2
+        return shift + _regression_loss(q.loc, cov, x, y, noise, tau)
+
+    def labels(params):
+        group = lambda path, _: "natural" if path[0].key == "q" else "sgd"  # noqa: E731
+        return jax.tree_util.tree_map_with_path(group, params)
+
+    transforms = {"natural": ep.natural_gradient(1.0), "sgd": optax.sgd(0.25)}
+    trained, _ = _fit(model, loss, optax.multi_transform(transforms, labels), 2)
+    trained = ep.resolve(trained)
+    cov = jnp.linalg.inv(x.T @ x / noise**2 + jnp.eye(3) / tau**2)
+    np.testing.assert_allclose(trained["q"].loc, cov @ x.T @ y / noise**2, atol=1e-10)
+    assert jnp.allclose(trained["shift"], 1.625)  # two steps of sgd
+
+
 # ------------------------------------------------------------------------ bad input
 
 
