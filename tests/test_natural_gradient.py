@@ -357,7 +357,7 @@ def test_without_optimiser_it_composes_with_multi_transform():
         group = lambda path, _: "natural" if path[0].key == "q" else "sgd"  # noqa: E731
         return jax.tree_util.tree_map_with_path(group, params)
 
-    transforms = {"natural": ep.natural_gradient(1.0), "sgd": optax.sgd(0.25)}
+    transforms: dict = {"natural": ep.natural_gradient(1.0), "sgd": optax.sgd(0.25)}
     trained, _ = _fit(model, loss, optax.multi_transform(transforms, labels), 2)
     trained = ep.resolve(trained)
     cov = jnp.linalg.inv(x.T @ x / noise**2 + jnp.eye(3) / tau**2)
