@@ -14,15 +14,17 @@ replacement, float64, CPU unless a device is present. Three ways to train:
   in `eqx.filter_jit` so that its `lax.scan` compiles once (per-step time only: it
   draws its minibatches differently).
 
-Table 1: milliseconds per step (median of interleaved rounds after a compiling
-call), and each one's ratio to GPJax's `fit_natgrads`. Table 2: the full-data ELBO
+Table 1: milliseconds per step (the slope between calls of S and 2S steps, the
+fastest of interleaved rounds after compiling calls: without a call's fixed cost),
+and each one's ratio to GPJax's `fit_natgrads`. Table 2: the full-data ELBO
 at checkpoints (an `ep.fit` resumed from its `FitState`, so the trajectory is one
 long fit's), and for each way the first checkpoint within 0.1% of the best ELBO
 either reaches: steps, and wall time = steps × its time per step (the ELBO
 evaluations are not counted).
 
 Run: `python benchmarks/natgrad.py [--quick] [--n N] [--m M] [--batch B]
-[--rate RATE] [--adam-steps S] [--natgrad-steps S] [--rounds R]`.
+[--rate RATE] [--adam-steps S] [--natgrad-steps S] [--rounds R] [--plot PNG]`;
+`--plot docs/img/natgrad.png` draws the how-to's figure.
 """
 
 from __future__ import annotations
@@ -30,13 +32,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import pathlib
-import statistics
 import sys
 import time
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from _common import table
@@ -68,11 +68,11 @@ def optimisers(rate: float) -> dict:
     }
 
 
-def timed_ep(model, optimiser, x, y, batch, steps):
+def timed_ep(model, optimiser, x, y, batch):
     """A call that trains `steps` steps with `ep.fit` from `model`."""
     loss = make_loss(x.shape[0])
 
-    def call():
+    def call(steps):
         trained, _ = ep.fit(
             model, loss, optimiser=optimiser, steps=steps, data=(x, y),
             batch_size=batch, key=jax.random.key(1), progress=False,
@@ -82,7 +82,7 @@ def timed_ep(model, optimiser, x, y, batch, steps):
     return call
 
 
-def timed_gpjax(x, y, z, batch, steps, rate):
+def timed_gpjax(x, y, z, batch, rate):
     """A call that trains `steps` iterations of GPJax 1.0's `fit_natgrads`, and
     GPJax's ELBO of the initial family (to check both maximise one ELBO)."""
     import gpjax as gpx
@@ -98,7 +98,7 @@ def timed_gpjax(x, y, z, batch, steps, rate):
     )
 
     @eqx.filter_jit
-    def run(q):
+    def run(q, steps):
         trained, _ = gpx.fit_natgrads(
             model=q, objective=lambda p, d: -gpx.objectives.elbo(p, d),
             train_data=data, optim=optax.adam(0.01), natgrad_lr=rate,
@@ -107,27 +107,34 @@ def timed_gpjax(x, y, z, batch, steps, rate):
         )  # fmt: skip
         return trained
 
-    def call():
-        return jax.block_until_ready(run(q))
+    def call(steps):
+        return jax.block_until_ready(run(q, steps))
 
     with jax.numpy_dtype_promotion("standard"):
         initial = float(gpx.objectives.elbo(q, data))
     return call, initial
 
 
-def per_step(calls: dict, steps: int, rounds: int) -> dict:
-    """Median seconds per step of each call, in interleaved rounds."""
-    times: dict = {name: [] for name in calls}
-    for call in calls.values():  # (compiles)
-        call()
+def per_step(calls: dict, steps: int, rounds: int) -> tuple[dict, dict]:
+    """Each call's seconds per step, the slope between calls of `steps` and
+    `2 steps` (so without a call's fixed cost: `ep.fit` traces the loss and
+    looks its program up at every call), and its seconds for a call of `steps`;
+    the fastest of interleaved rounds, after compiling calls."""
+    for call in calls.values():  # (compiles both lengths)
+        call(steps), call(2 * steps)
+    times: dict = {name: ([], []) for name in calls}
     names = list(calls)
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            calls[name]()
-            times[name].append((time.perf_counter() - start) / steps)
-    return {name: statistics.median(t) for name, t in times.items()}
+            for k, n in enumerate((steps, 2 * steps)):
+                start = time.perf_counter()
+                calls[name](n)
+                times[name][k].append(time.perf_counter() - start)
+    # (Fastest of the rounds: other work on the machine only adds time.)
+    slope = {name: (min(t[1]) - min(t[0])) / steps for name, t in times.items()}
+    whole = {name: min(t[0]) for name, t in times.items()}
+    return slope, whole
 
 
 def trace(model, optimiser, x, y, batch, checkpoints) -> list[float]:
@@ -162,23 +169,30 @@ def run(args) -> None:
     )
     opts = optimisers(args.rate)
     steps = args.timing_steps
-    calls = {name: timed_ep(model, o, x, y, args.batch, steps) for name, o in opts.items()}
+    calls = {name: timed_ep(model, o, x, y, args.batch) for name, o in opts.items()}
     has_gpjax = importlib.util.find_spec("gpjax") is not None
     if has_gpjax:
-        gp_call, gp_initial = timed_gpjax(x, y, z, args.batch, steps, args.rate)
+        gp_call, gp_initial = timed_gpjax(x, y, z, args.batch, args.rate)
         calls["GPJax 1.0 fit_natgrads"] = gp_call
         ours = float(elbo(ep.resolve(model), x, y, args.n))
         print(f"initial full-data ELBO: eqxprob {ours:.6f}, GPJax {gp_initial:.6f}")
-    seconds = per_step(calls, steps, args.rounds)
+    seconds, whole = per_step(calls, steps, args.rounds)
     base = seconds.get("GPJax 1.0 fit_natgrads")
     rows = [
-        [name, f"{1e3 * s:.3f}", f"{s / base:.2f}" if base else "–"]
+        [
+            name, f"{1e3 * s:.3f}", f"{s / base:.2f}" if base else "–",
+            f"{whole[name]:.3f}",
+        ]
         for name, s in seconds.items()
-    ]
+    ]  # fmt: skip
     if not has_gpjax:
-        rows.append(["GPJax 1.0 fit_natgrads", "not installed", "–"])
-    print(f"\nper step ({steps} steps a call, median of {args.rounds} rounds)")
-    print(table(["", "ms per step", "vs GPJax fit_natgrads"], rows))
+        rows.append(["GPJax 1.0 fit_natgrads", "not installed", "–", "–"])
+    print(
+        f"\nper step: the slope between calls of {steps} and {2 * steps} steps "
+        f"(fastest of {args.rounds} rounds); a whole call of {steps} steps"
+    )
+    header = ["", "ms per step", "vs GPJax fit_natgrads", f"s per call of {steps}"]
+    print(table(header, rows))
 
     traces = {}
     limits = {"adam": args.adam_steps, "natural gradients + adam": args.natgrad_steps}
@@ -216,6 +230,39 @@ def run(args) -> None:
         for s in marks
     ]
     print(table(header, rows))
+    if args.plot:
+        plot(traces, seconds, best, args)
+        print(f"wrote {args.plot}")
+
+
+def plot(traces: dict, seconds: dict, best: float, args) -> None:
+    """ELBO against steps and against seconds (steps × time per step), the two
+    ways side by side: the how-to's figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for name, (marks, values) in traces.items():
+        steps = np.asarray(marks)
+        for ax, xs in zip(axes, (steps, steps * seconds[name])):
+            ax.plot(xs, values, marker="o", markersize=3, label=name)
+    low = min(min(v) for _, v in traces.values())
+    for ax, label in zip(axes, ("steps", "seconds (steps × time per step, CPU)")):
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.axhline(best - 1e-3 * abs(best), color="grey", lw=0.8, ls="--")
+        ax.set_ylim(max(low, best - 0.05 * abs(best)), best + 0.005 * abs(best))
+    axes[0].set_ylabel("full-data ELBO")
+    axes[0].legend(loc="lower right")
+    fig.suptitle(
+        f"SVGP classification, n = {args.n:,}, M = {args.m}, batch {args.batch} "
+        "(dashed: within 0.1% of the best)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
 
 
 if __name__ == "__main__":
@@ -227,11 +274,12 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=0.1)
     parser.add_argument("--adam-steps", type=int, default=5000)
     parser.add_argument("--natgrad-steps", type=int, default=1000)
-    parser.add_argument("--timing-steps", type=int, default=200)
+    parser.add_argument("--timing-steps", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plot", help="write the figure (ELBO vs steps, seconds)")
     args = parser.parse_args()
     if args.quick:
         args.n, args.m, args.batch = 2000, 16, 128
         args.adam_steps, args.natgrad_steps = 200, 50
-        args.timing_steps, args.rounds = 20, 2
+        args.timing_steps, args.rounds = 200, 2
     run(args)
