@@ -14,13 +14,16 @@ replacement, float64, CPU unless a device is present. Three ways to train:
   in `eqx.filter_jit` so that its `lax.scan` compiles once (per-step time only: it
   draws its minibatches differently).
 
-Table 1: milliseconds per step (the slope between calls of S and 2S steps, the
-fastest of interleaved rounds after compiling calls: without a call's fixed cost),
-and each one's ratio to GPJax's `fit_natgrads`. Table 2: the full-data ELBO
+Table 1: milliseconds per step over S steps (the fastest of interleaved rounds,
+after compiling calls), each one's ratio to GPJax's `fit_natgrads`: eqxprob's
+step (the loss's value and gradient, then the optimiser's `update` with
+`value_fn=`, exactly `ep.fit`'s step) in one jitted `lax.scan`, as GPJax's, and
+through `ep.fit` itself (which traces the loss and looks its program up at every
+call). Table 2: the full-data ELBO
 at checkpoints (an `ep.fit` resumed from its `FitState`, so the trajectory is one
 long fit's), and for each way the first checkpoint within 0.1% of the best ELBO
-either reaches: steps, and wall time = steps × its time per step (the ELBO
-evaluations are not counted).
+either reaches: steps, and wall time = steps × its time per step in the
+`lax.scan` (the ELBO evaluations are not counted).
 
 Run: `python benchmarks/natgrad.py [--quick] [--n N] [--m M] [--batch B]
 [--rate RATE] [--adam-steps S] [--natgrad-steps S] [--rounds R] [--plot PNG]`;
@@ -82,6 +85,38 @@ def timed_ep(model, optimiser, x, y, batch):
     return call
 
 
+def timed_scan(model, optimiser, x, y, batch):
+    """A call that trains `steps` steps as `ep.fit`'s step does (the loss's
+    value and gradient, then `optimiser.update` with `value_fn=`), in one jitted
+    `lax.scan`: the time of a step without `ep.fit`'s per-call cost."""
+    n = x.shape[0]
+    loss = make_loss(n)
+    params, static = ep.partition(model)
+
+    @eqx.filter_jit
+    def run(params, steps):
+        def body(carry, i):
+            p, state = carry
+            key = jax.random.fold_in(jax.random.key(1), i)
+            rows = jax.random.randint(key, (batch,), 0, n)
+            value_fn = lambda q: loss(eqx.combine(q, static), (x[rows], y[rows]))  # noqa: E731
+            value, grad = jax.value_and_grad(value_fn)(p)
+            with jax.numpy_dtype_promotion("standard"):  # (optax: as `ep.fit`)
+                updates, state = optimiser.update(
+                    grad, state, p, value=value, grad=grad, value_fn=value_fn
+                )
+                p = optax.apply_updates(p, updates)
+            return (p, state), value
+
+        start = (params, optimiser.init(params))
+        return jax.lax.scan(body, start, jax.numpy.arange(steps))[0][0]
+
+    def call(steps):
+        return jax.block_until_ready(run(params, steps))
+
+    return call
+
+
 def timed_gpjax(x, y, z, batch, rate):
     """A call that trains `steps` iterations of GPJax 1.0's `fit_natgrads`, and
     GPJax's ELBO of the initial family (to check both maximise one ELBO)."""
@@ -115,26 +150,21 @@ def timed_gpjax(x, y, z, batch, rate):
     return call, initial
 
 
-def per_step(calls: dict, steps: int, rounds: int) -> tuple[dict, dict]:
-    """Each call's seconds per step, the slope between calls of `steps` and
-    `2 steps` (so without a call's fixed cost: `ep.fit` traces the loss and
-    looks its program up at every call), and its seconds for a call of `steps`;
-    the fastest of interleaved rounds, after compiling calls."""
-    for call in calls.values():  # (compiles both lengths)
-        call(steps), call(2 * steps)
-    times: dict = {name: ([], []) for name in calls}
+def per_step(calls: dict, steps: int, rounds: int) -> dict:
+    """Each call's seconds per step over a call of `steps` steps: the fastest of
+    interleaved rounds (other work on the machine only adds time), after a
+    compiling call."""
+    for call in calls.values():
+        call(steps)
+    times: dict = {name: [] for name in calls}
     names = list(calls)
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            for k, n in enumerate((steps, 2 * steps)):
-                start = time.perf_counter()
-                calls[name](n)
-                times[name][k].append(time.perf_counter() - start)
-    # (Fastest of the rounds: other work on the machine only adds time.)
-    slope = {name: (min(t[1]) - min(t[0])) / steps for name, t in times.items()}
-    whole = {name: min(t[0]) for name, t in times.items()}
-    return slope, whole
+            start = time.perf_counter()
+            calls[name](steps)
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: min(t) for name, t in times.items()}
 
 
 def trace(model, optimiser, x, y, batch, checkpoints) -> list[float]:
@@ -169,30 +199,36 @@ def run(args) -> None:
     )
     opts = optimisers(args.rate)
     steps = args.timing_steps
-    calls = {name: timed_ep(model, o, x, y, args.batch) for name, o in opts.items()}
+    calls = {
+        f"eqxprob {name}": timed_scan(model, o, x, y, args.batch)
+        for name, o in opts.items()
+    }
     has_gpjax = importlib.util.find_spec("gpjax") is not None
     if has_gpjax:
         gp_call, gp_initial = timed_gpjax(x, y, z, args.batch, args.rate)
         calls["GPJax 1.0 fit_natgrads"] = gp_call
         ours = float(elbo(ep.resolve(model), x, y, args.n))
         print(f"initial full-data ELBO: eqxprob {ours:.6f}, GPJax {gp_initial:.6f}")
-    seconds, whole = per_step(calls, steps, args.rounds)
+    seconds = per_step(calls, steps, args.rounds)
+    fits = {
+        f"ep.fit {name}": timed_ep(model, o, x, y, args.batch)
+        for name, o in opts.items()
+    }
+    whole = per_step(fits, steps, args.rounds)
     base = seconds.get("GPJax 1.0 fit_natgrads")
     rows = [
-        [
-            name, f"{1e3 * s:.3f}", f"{s / base:.2f}" if base else "–",
-            f"{whole[name]:.3f}",
-        ]
-        for name, s in seconds.items()
-    ]  # fmt: skip
+        [name, f"{1e3 * s:.3f}", f"{s / base:.2f}" if base else "–"]
+        for name, s in [*seconds.items(), *whole.items()]
+    ]
     if not has_gpjax:
-        rows.append(["GPJax 1.0 fit_natgrads", "not installed", "–", "–"])
+        rows.append(["GPJax 1.0 fit_natgrads", "not installed", "–"])
     print(
-        f"\nper step: the slope between calls of {steps} and {2 * steps} steps "
-        f"(fastest of {args.rounds} rounds); a whole call of {steps} steps"
+        f"\nper step, over {steps} steps (fastest of {args.rounds} rounds): in one "
+        "compiled lax.scan, and through ep.fit (with its per-call trace and "
+        "program look-up)"
     )
-    header = ["", "ms per step", "vs GPJax fit_natgrads", f"s per call of {steps}"]
-    print(table(header, rows))
+    print(table(["", "ms per step", "vs GPJax fit_natgrads"], rows))
+    seconds = {name: seconds[f"eqxprob {name}"] for name in opts}
 
     traces = {}
     limits = {"adam": args.adam_steps, "natural gradients + adam": args.natgrad_steps}
