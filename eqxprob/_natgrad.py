@@ -27,6 +27,7 @@ family.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,7 +35,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 import optax
 from jaxtyping import Array, PyTree
 
@@ -104,7 +104,9 @@ def _children(node: Any) -> list:
 def _describe(node: Any) -> str:
     if isinstance(node, FixedDistrax):
         return f"a wrapped {node.cls.__name__}"
-    return "None (nothing trainable)" if node is None else f"a {type(node).__name__}"
+    if node is None:
+        return "None (nothing trainable)"
+    return "an array" if eqx.is_array(node) else f"a {type(node).__name__}"
 
 
 _GAUSSIANS = (
@@ -126,16 +128,25 @@ def _sites(params: PyTree, where: Any) -> list[_Site]:
     positions = {path: i for i, (path, _) in enumerate(flat)}
     if where is None:
         found = jtu.tree_flatten_with_path(params, is_leaf=_is_candidate)[0]
-        selected = []
-        for path, node in found:
-            if isinstance(node, Guide) or (
-                isinstance(node, FixedDistrax) and gaussian_layout(node.cls)
-            ):
-                selected.append((path, node))
-        if not selected:
+        selected = [
+            (path, node)
+            for path, node in found
+            if (
+                isinstance(node, Guide)
+                or (isinstance(node, FixedDistrax) and gaussian_layout(node.cls))
+            )
+            and jtu.tree_leaves(node)  # (a frozen one: no trained leaf here)
+        ]
+        if len(selected) != 1:
+            names = ", ".join(f"`{label_of(path)}`" for path, _ in selected)
             raise ValueError(
-                "natural_gradient: the trainable parameters hold no Gaussian. It "
-                f"updates {_GAUSSIANS}; other leaves take `optimiser`'s steps."
+                f"natural_gradient: the model holds {len(selected)} trained "
+                f"Gaussians at its top level ({names or 'none'}); without `where=` "
+                "it updates one. Select the variational ones, e.g. `where=lambda m: "
+                "m.q` or `where=lambda m: (m.q1, m.q2)`: a Gaussian that is a "
+                "likelihood or a prior is no variational distribution. (It "
+                f"updates {_GAUSSIANS}; a Gaussian inside another wrapper only "
+                "when `where=` selects it.)"
             )
     else:
         paths = jtu.tree_leaves(where_paths(where, params), is_leaf=_is_key_path)
@@ -251,6 +262,7 @@ def _upper_solve(upper: Array, rhs: Array) -> Array:
 
 def _tri_gradient(m: Array, lower: Array, g_m: Array, g_lower: Array) -> tuple:
     """`θ` and `∂ℓ/∂η` of one Gaussian `N(m, L Lᵀ)` from `∂ℓ/∂m`, `∂ℓ/∂L`."""
+    lower = jnp.tril(lower)  # (what the libraries read of a factor: its lower part)
     eye = jnp.eye(m.shape[-1], dtype=m.dtype)
     inverse = _lower_solve(lower, eye)
     precision = inverse.T @ inverse
@@ -341,9 +353,6 @@ def _step(
 # --------------------------------------------------------------- the transformation
 
 
-_CHECKED_STEPS = 2**17  # (a schedule's values checked at construction)
-
-
 def _rate_of(learning_rate: Any) -> Callable[[Array], Any]:
     why = (
         "It must lie in (0, 1]: each step is then a convex combination of the "
@@ -353,43 +362,42 @@ def _rate_of(learning_rate: Any) -> Callable[[Array], Any]:
         "choice with minibatches. Pass an optax schedule for steps that vary."
     )
     if callable(learning_rate):
-        _check_schedule(learning_rate, why)
         return learning_rate
-    if isinstance(learning_rate, bool) or not isinstance(
-        learning_rate, (int, float, jax.Array)
-    ):
+    try:
+        rate = jnp.asarray(learning_rate)
+    except TypeError:
+        rate = None
+    if rate is None or isinstance(learning_rate, bool) or rate.dtype == bool:
         raise TypeError(
             f"natural_gradient: `learning_rate` must be a number or an optax "
             f"schedule, got {learning_rate!r}. {why}"
         )
-    if jnp.ndim(learning_rate) != 0:
+    if rate.ndim != 0 or not jnp.issubdtype(rate.dtype, jnp.number):
         raise TypeError(
-            f"natural_gradient: `learning_rate` must be a scalar, got shape "
-            f"{jnp.shape(learning_rate)}."
+            f"natural_gradient: `learning_rate` must be a real scalar, got "
+            f"{learning_rate!r}."
         )
-    if not is_traced(learning_rate) and not (0 < float(learning_rate) <= 1):
-        raise ValueError(
-            f"natural_gradient: `learning_rate` is {float(learning_rate)}. {why}"
-        )
+    if not is_traced(rate) and not (0 < float(rate) <= 1):
+        raise ValueError(f"natural_gradient: `learning_rate` is {float(rate)}. {why}")
     return lambda _: learning_rate
 
 
-def _check_schedule(schedule: Callable, why: str) -> None:
-    """Raise if `schedule` leaves (0, 1] in its first `_CHECKED_STEPS` steps (a
-    schedule that takes no array of steps is checked as it runs only)."""
+def _fraction(name: str, value: Any) -> Any:
+    """`value` checked to be a real scalar in (0, 1) where it is concrete (a
+    traced one, from `optax.inject_hyperparams`, as it is)."""
     try:
-        with jax.ensure_compile_time_eval():
-            rates = np.asarray(schedule(jnp.arange(_CHECKED_STEPS)), float)
-    except Exception:  # noqa: BLE001 - not vectorised: checked as it runs
-        return
-    if rates.shape != (_CHECKED_STEPS,):
-        return
-    bad = np.flatnonzero(~((rates > 0) & (rates <= 1)))
-    if bad.size:
-        raise ValueError(
-            f"natural_gradient: the `learning_rate` schedule gives {rates[bad[0]]} "
-            f"at step {bad[0]}. {why}"
-        )
+        x = jnp.asarray(value)
+    except TypeError:
+        x = None
+    if (
+        x is not None
+        and x.ndim == 0
+        and not isinstance(value, bool)
+        and jnp.issubdtype(x.dtype, jnp.floating) | jnp.issubdtype(x.dtype, jnp.integer)
+        and (is_traced(x) or 0 < float(x) < 1)
+    ):
+        return value
+    raise ValueError(f"natural_gradient: `{name}` must be in (0, 1), got {value!r}.")
 
 
 def natural_gradient(
@@ -405,28 +413,38 @@ def natural_gradient(
     **Arguments:**
 
     - `learning_rate`: the natural-gradient step size `γ` in `(0, 1]`, or an optax
-      schedule of the step count (with values in `(0, 1]`). `1.0`
-      reaches the optimal `q` in one step when the likelihood is Gaussian and the
-      batch full; ~`0.1` is the usual choice with minibatches or other likelihoods.
+      schedule of the step count (values in `[0, 1]`, 0 a step that changes
+      nothing). `1.0` reaches the optimal `q` in one step when the likelihood is
+      Gaussian, the batch full and the loss's expectations exact; ~`0.1` is the
+      usual choice with minibatches or other likelihoods, and smaller still with
+      a Monte Carlo ELBO of few samples, whose noisy `∂ℓ/∂S` can push a large
+      step out of the positive-definite cone.
     - `optimiser`: any optax transformation for the other trainable leaves
       (kernel hyperparameters, inducing inputs, point estimates), or `None` to
       leave them unchanged (zero updates).
     - `where`: a where-function selecting the Gaussians to update, as for
-      `eqx.tree_at` (`lambda m: m.q_v`); `None` selects every Gaussian of the
-      model that is not inside another wrapper.
+      `eqx.tree_at` (`lambda m: m.q_v`, or a tuple of them). `None` takes the
+      model's one trained Gaussian (outside other wrappers) and refuses a model
+      with none or several: a likelihood's or a prior's Gaussian is no
+      variational distribution, so say which are.
     - `backoff`, `max_backoff`: a step whose precision is not positive definite
       is retried with `γ·backoff^k`, `k = 1 .. max_backoff` (all tried at once;
       the first admissible one is taken), as GPJax's `fit_natgrads` does.
+      `max_backoff` is static (with `optax.inject_hyperparams`, name it in
+      `static_args`).
 
     **Returns:**
 
     An `optax.GradientTransformationExtraArgs` for `ep.fit(..., optimiser=...)`.
-    Its `update` takes `updates` as the gradient of the loss (so it comes first
-    in an `optax.chain`) and needs `params` and, with an `optimiser`, `value_fn=`
-    (the loss of the parameters at this step's batch and key): `ep.fit` passes
-    both. With `optimiser=None` it needs no `value_fn` and composes with
-    `optax.multi_transform` (the other group then steps at the current Gaussians,
-    not the updated ones).
+    Its `update` takes `updates` as the gradient of the loss and needs `params`
+    and, with an `optimiser`, `value_fn=` (the loss of the parameters at this
+    step's batch and key): `ep.fit` passes both. With an `optimiser` it takes the
+    rest's gradient again at the updated Gaussians, so it must get the loss's
+    gradient itself: it refuses to follow other transformations in an
+    `optax.chain` or to sit inside `optax.MultiSteps` (put those in `optimiser`).
+    With `optimiser=None` it steps on the `updates` it is given, needs no
+    `value_fn` and composes with `optax.multi_transform` (the other group then
+    steps at the current Gaussians, not the updated ones).
 
     **Raises:**
 
@@ -434,12 +452,14 @@ def natural_gradient(
     leaf for: a `where` that selects something that is not such a Gaussian, a
     `'low_rank'` guide (its family is not closed under the step: use
     `'full_rank'`), a Gaussian whose location or scale is frozen, broadcast or
-    not an array. Here: a `learning_rate` outside `(0, 1]`, or a schedule that
-    leaves it in its first 131,072 steps. While training, if no step size tried
-    keeps a Gaussian's precision positive definite (or a schedule leaves
-    `(0, 1]` later), its new location and scale are NaN, as GPJax's, and
-    `ep.fit` stops with an `ep.NonFiniteLossError` naming them (the rest took
-    its step at the old Gaussian), `error.model` the model before that step.
+    not an array, `where=None` with no or several trained Gaussians, an
+    `optimiser` after other transformations. Here: a `learning_rate` outside
+    `(0, 1]`. While training, if no step size tried keeps a Gaussian's
+    precision positive definite (or a schedule leaves `[0, 1]`), its new
+    location and scale are NaN, as GPJax's, and `ep.fit` stops with an
+    `ep.NonFiniteLossError` naming them (the rest took its step at the old
+    Gaussian), `error.model` the model before that step; under a JAX
+    transformation (`jax.jit` around `ep.fit`) the NaN stays in the model.
 
     **Example:**
 
@@ -471,10 +491,7 @@ def natural_gradient(
     scale trained as plain arrays or `ep.Bijector`s (`ep.lower_cholesky`,
     `ep.positive`); and `ep.guide`'s `'mean_field'` and `'full_rank'` guides. A
     batch of Gaussians steps with one step size (backed off until all of them
-    stay positive definite). By default every such Gaussian is updated: use
-    `where=` if the model holds Gaussians that are not variational
-    distributions (a likelihood's `Normal`, say), whose loss is no expectation
-    under them.
+    stay positive definite).
 
     **Each step** (GPJax's order): the natural-gradient step on the Gaussians at
     the gradient `ep.fit` took, then one step of `optimiser` on the rest with the
@@ -495,21 +512,16 @@ def natural_gradient(
         )
     if where is not None:
         where_labels(where)  # (a where that does more than select: raises now)
-    if (
-        isinstance(backoff, bool)
-        or not isinstance(backoff, (int, float))
-        or not (0 < backoff < 1)
-    ):
+    backoff = _fraction("backoff", backoff)
+    try:  # (the number of step sizes tried: static)
+        max_backoff = operator.index(max_backoff)
+    except TypeError:
+        max_backoff = -1
+    if isinstance(max_backoff, bool) or not 0 <= max_backoff <= 64:
         raise ValueError(
-            f"natural_gradient: `backoff` must be in (0, 1), got {backoff!r}."
-        )
-    if (
-        isinstance(max_backoff, bool)
-        or not isinstance(max_backoff, int)
-        or max_backoff < 0
-    ):
-        raise ValueError(
-            f"natural_gradient: `max_backoff` must be an int >= 0, got {max_backoff!r}."
+            "natural_gradient: `max_backoff` must be an int in 0 .. 64 (with "
+            "`optax.inject_hyperparams`, pass `static_args=('max_backoff',)`), "
+            f"got {max_backoff!r}."
         )
 
     def rest_of(tree: PyTree, treedef: Any, sites: list[_Site]) -> PyTree:
@@ -531,6 +543,7 @@ def natural_gradient(
         params: PyTree | None = None,
         *,
         value_fn: Callable[[PyTree], Array] | None = None,
+        grad: PyTree | None = None,
         **extra: Any,
     ) -> tuple[PyTree, NaturalGradientState]:
         del extra
@@ -546,6 +559,11 @@ def natural_gradient(
         grads = treedef.flatten_up_to(updates)
         count = state.step
         rate = jnp.asarray(rate_of(count.astype(jnp.result_type(int))))
+        if rate.ndim != 0:
+            raise TypeError(
+                "natural_gradient: the `learning_rate` schedule must return a "
+                f"scalar, got shape {rate.shape}."
+            )
         # `new`: the parameters after the step; `moved`: the same where the step
         # is fine, else as before (where the rest's gradient is taken).
         new, moved = list(leaves), list(leaves)
@@ -556,7 +574,7 @@ def natural_gradient(
             new_loc, new_scale, fine = _step(site, leaves, grads, rates)
             # No step size kept the precision positive definite, or a schedule
             # left (0, 1]: NaN, as GPJax (`ep.fit` then stops, naming the leaves).
-            fine = fine & (rate > 0) & (rate <= 1)
+            fine = fine & (rate >= 0) & (rate <= 1)
             for slot, value in ((site.loc, new_loc), (site.scale, new_scale)):
                 old = leaves[slot.leaf]
                 new[slot.leaf] = jnp.where(fine, value, jnp.nan).astype(old.dtype)
@@ -568,6 +586,19 @@ def natural_gradient(
         ]
         inner = state.inner
         if optimiser is not None and len(set(changed)) < len(leaves):
+            # The rest's gradient is taken again, at the updated Gaussians: right
+            # only where `updates` is this step's gradient itself.
+            given = jtu.tree_leaves(grad)
+            if given and any(u is not g for u, g in zip(grads, given)):
+                raise TypeError(
+                    "natural_gradient: with an `optimiser`, it takes the other "
+                    "parameters' gradient again at the updated Gaussians, so it must "
+                    "get the loss's gradient itself: not after other transformations "
+                    "in an `optax.chain`, nor inside `optax.MultiSteps`. Put those "
+                    "in `optimiser` (`natural_gradient(lr, optax.chain(clip, adam))`), "
+                    "or use `natural_gradient(lr)` (no optimiser: it then steps on "
+                    "the `updates` it is given) in an `optax.multi_transform`."
+                )
             if value_fn is None:
                 raise TypeError(
                     "natural_gradient: with an `optimiser`, `update` needs "
@@ -585,8 +616,9 @@ def natural_gradient(
                 values = [moved[i] if i in changed else v for i, v in enumerate(values)]
                 return value_fn(jtu.tree_unflatten(treedef, values))
 
-            rest_updates, inner = optimiser.update(
-                jax.grad(loss_of_rest)(rest), inner, rest
+            value, gradient = jax.value_and_grad(loss_of_rest)(rest)
+            rest_updates, inner = optax.with_extra_args_support(optimiser).update(
+                gradient, inner, rest, value=value, grad=gradient, value_fn=loss_of_rest
             )
             for i, x in enumerate(treedef.flatten_up_to(rest_updates)):
                 if i not in changed:

@@ -97,7 +97,8 @@ def test_one_step_of_rate_one_reaches_titsias_bound_from_any_start():
         model = ep.resolve(model)
         return [_svgp_elbo(q.loc, q.scale_tri, x, y, z, noise) for q in model.values()]
 
-    trained, _ = _fit(starts, lambda m: -sum(elbos(m)), ep.natural_gradient(1.0))
+    natural = ep.natural_gradient(1.0, where=lambda m: (m[1], m[2]))
+    trained, _ = _fit(starts, lambda m: -sum(elbos(m)), natural)
     bound = float(_titsias(x, y, z, noise))
     assert all(float(e) < bound - 1.0 for e in elbos(starts))  # (far from it)
     for elbo in elbos(trained):
@@ -292,7 +293,9 @@ def test_every_family_steps_as_distrax():
             total = total + _regression_loss(q.loc, cov, x, y, noise, tau)
         return total
 
-    trained, _ = _fit(model, loss, ep.natural_gradient(0.6), 3)
+    names = list(model)
+    every = ep.natural_gradient(0.6, where=lambda m: [m[k] for k in names])
+    trained, _ = _fit(model, loss, every, 3)
     trained = ep.resolve(trained)
     tri = trained["distrax.MultivariateNormalTri"]
     diag = trained["distrax.MultivariateNormalDiag"]
@@ -394,7 +397,7 @@ def test_selecting_a_leaf_that_is_no_gaussian_names_it():
 
 
 def test_a_model_without_gaussians_is_refused():
-    with pytest.raises(ValueError, match="hold no Gaussian"):
+    with pytest.raises(ValueError, match=r"holds 0 trained Gaussians .* `where="):
         _fit(
             {"x": jnp.ones(2)}, lambda m: jnp.sum(m["x"] ** 2), ep.natural_gradient(1.0)
         )
@@ -418,9 +421,122 @@ def test_a_learning_rate_that_is_no_number_is_refused():
         ep.natural_gradient(True)
 
 
-def test_a_schedule_leaving_zero_one_is_refused():
-    with pytest.raises(ValueError, match=r"schedule gives 1.125 at step 1"):
-        ep.natural_gradient(optax.linear_schedule(0.5, 3.0, 4))
+def test_a_schedule_leaving_zero_one_stops_the_fit_at_that_step():
+    """A schedule is checked as it runs (optax's are not all vectorised): at the
+    first step whose rate is outside [0, 1] the fit stops, with the model before
+    it; a rate of 0 is a step that changes nothing."""
+
+    def schedule(n):  # 0.5, 0.5, 0, 1.2, ...
+        return jnp.where(n == 2, 0.0, jnp.where(n >= 3, 1.2, 0.5))
+
+    with pytest.raises(ep.NonFiniteLossError, match=r"step 3") as caught:
+        _fit(_normal_model(), _normal_loss, ep.natural_gradient(schedule), steps=6)
+    two, _ = _fit(_normal_model(), _normal_loss, ep.natural_gradient(0.5), steps=2)
+    got, want = ep.resolve(caught.value.model["q"]), ep.resolve(two["q"])
+    np.testing.assert_allclose(got.loc, want.loc, atol=1e-12)
+    np.testing.assert_allclose(got.scale, want.scale, rtol=1e-12)
+
+
+def test_a_schedule_of_no_scalar_is_named():
+    with pytest.raises(TypeError, match="schedule must return a scalar"):
+        _fit(_normal_model(), _normal_loss, ep.natural_gradient(lambda n: jnp.ones(2)))
+
+
+def test_numbers_of_any_kind_and_injected_hyperparameters_are_taken():
+    """NumPy and JAX scalars as the learning rate and backoff, and
+    `optax.inject_hyperparams` (which makes them arrays), step as floats do."""
+    want, _ = _fit(_normal_model(), _normal_loss, ep.natural_gradient(0.5), steps=2)
+    for opt in (
+        ep.natural_gradient(
+            np.float32(0.5), backoff=np.float64(0.5), max_backoff=np.int64(5)
+        ),
+        ep.natural_gradient(jnp.array(0.5)),
+        optax.inject_hyperparams(ep.natural_gradient, static_args=("max_backoff",))(
+            learning_rate=0.5
+        ),
+    ):
+        got, _ = _fit(_normal_model(), _normal_loss, opt, steps=2)
+        assert eqx.tree_equal(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_where_none_takes_the_one_trained_gaussian_and_refuses_several():
+    """A frozen Gaussian (a prior) is no candidate; a Gaussian likelihood next to
+    q is one more, so `where=` must say which is variational."""
+    model = _normal_model()
+    model["prior"] = ep.frozen(ep.FixedDistrax(distrax.Normal, 0.0, 1.0))
+    alone, _ = _fit(_normal_model(), _normal_loss, ep.natural_gradient(0.5), steps=2)
+    got, _ = _fit(model, _normal_loss, ep.natural_gradient(0.5), steps=2)
+    assert eqx.tree_equal(got["q"], alone["q"])
+    model["likelihood"] = ep.FixedDistrax(distrax.Normal, jnp.zeros(2), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"2 trained Gaussians .*`\['likelihood'\]`"):
+        _fit(model, _normal_loss, ep.natural_gradient(0.5))
+    chosen = ep.natural_gradient(0.5, where=lambda m: m["q"])
+    got, _ = _fit(model, _normal_loss, chosen, steps=2)
+    assert eqx.tree_equal(got["q"], alone["q"])
+    assert eqx.tree_equal(got["likelihood"], model["likelihood"])
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda ng: optax.chain(optax.clip_by_global_norm(0.1), ng),
+        lambda ng: optax.MultiSteps(ng, every_k_schedule=2),
+    ],
+    ids=["after a clip", "in MultiSteps"],
+)
+def test_an_optimiser_that_would_not_see_the_gradient_is_refused(wrap):
+    """With an optimiser the rest's gradient is taken again at the updated
+    Gaussians: after other transformations or inside MultiSteps that would drop
+    theirs (the red team: silently), so it is an error."""
+    opt = wrap(ep.natural_gradient(0.5, optax.sgd(0.1)))
+    with pytest.raises(TypeError, match="must get the loss's gradient itself"):
+        _fit(_normal_model(), _normal_loss, opt, steps=2)
+
+
+@pytest.mark.standard_promotion("optax's zoom line search mixes int32, int64")
+def test_an_inner_optimiser_that_needs_the_loss_gets_it():
+    """`optax.lbfgs` for the rest gets `value=`, `grad=`, `value_fn=` of the
+    rest at the updated Gaussians; the loss separates, so its iterates are a
+    hand-written lbfgs loop's on the rest's term alone."""
+    trained, _ = _fit(
+        _normal_model(), _normal_loss, ep.natural_gradient(1.0, optax.lbfgs()), steps=4
+    )
+    rest = lambda raw: jax.nn.softplus(raw) ** 2  # (ep.positive: softplus)
+    raw, opt = _normal_model()["kernel"]["lengthscale"].param, optax.lbfgs()
+    state = opt.init(raw)
+    for _ in range(4):
+        value, grad = jax.value_and_grad(rest)(raw)
+        updates, state = opt.update(
+            grad, state, raw, value=value, grad=grad, value_fn=rest
+        )
+        raw = optax.apply_updates(raw, updates)
+    got = trained["kernel"]["lengthscale"].param
+    np.testing.assert_allclose(got, raw, rtol=1e-10)
+    assert not np.allclose(got, _normal_model()["kernel"]["lengthscale"].param)
+
+
+def test_a_factor_reads_as_its_lower_triangle():
+    """distrax and TFP read only a factor's lower triangle: two plain factors
+    that differ above the diagonal are one Gaussian and take one step (the red
+    team: the step read the upper part)."""
+    lower = jnp.array([[1.0, 0.0], [0.3, 1.0]])
+    results = []
+    for factor in (lower, lower.at[0, 1].set(0.7)):
+        q = ep.FixedDistrax(distrax.MultivariateNormalTri, jnp.zeros(2), factor)
+
+        def loss(q):  # the optimum N(0.5, 0.5 I): one step of rate 1
+            d = q.instantiate()
+            m, cov = d.mean(), d.covariance()
+            ell = 0.5 * (jnp.sum((m - 1) ** 2) + jnp.trace(cov))
+            return ell + 0.5 * (
+                jnp.sum(m**2) + jnp.trace(cov) - jnp.linalg.slogdet(cov)[1]
+            )
+
+        trained, _ = _fit(q, loss, ep.natural_gradient(1.0))
+        results.append(trained.instantiate())
+    for d in results:
+        np.testing.assert_allclose(d.mean(), [0.5, 0.5], atol=1e-12)
+        np.testing.assert_allclose(d.covariance(), 0.5 * jnp.eye(2), atol=1e-12)
 
 
 def test_a_step_out_of_the_cone_stops_the_fit_naming_the_gaussian():
