@@ -64,3 +64,23 @@ def test_fit_loop_benchmark_prints_a_ratio_for_every_problem():
     rows = [line for line in out.splitlines() if line.lstrip().startswith(tuple(names))]
     assert len(rows) == 4, out
     assert all(row.count("(") == 1 + ("(ep.guide" in row) for row in rows), out
+
+
+def test_natgrad_benchmark_prints_both_tables():
+    """benchmarks/natgrad.py at CPU smoke sizes: a time per step for eqxprob (adam,
+    natural gradients + adam; in a lax.scan and through ep.fit) and GPJax 1.0's
+    fit_natgrads, and natural gradients reaching 0.1% of the best ELBO."""
+    out = _run("natgrad.py", "--quick").stdout
+    timed = [
+        "eqxprob adam", "eqxprob natural gradients + adam", "GPJax 1.0 fit_natgrads",
+        "ep.fit adam", "ep.fit natural gradients + adam",
+    ]  # fmt: skip
+
+    def row(name: str) -> list[str]:
+        found = [x for x in out.splitlines() if x.strip().startswith(name + " ")]
+        assert found, out
+        return found[0].split()
+
+    for name in timed:
+        assert row(name)[-2].replace(".", "").isdigit(), out  # (ms per step)
+    assert row("natural gradients + adam")[-2].isdigit(), out  # (steps to target)

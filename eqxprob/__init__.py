@@ -35,6 +35,7 @@ from ._metadata import (
     spec_tree as spec_tree,
     unconstrain as unconstrain,
 )
+from ._natgrad import natural_gradient as natural_gradient
 from ._parameter import (
     Bijector as Bijector,
     Frozen as Frozen,

@@ -36,7 +36,7 @@ import inspect
 import operator
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import distrax
 import equinox as eqx
@@ -141,6 +141,19 @@ def raw(x: Any) -> Any:
     return x.instantiate() if isinstance(x, Wrapped) else x
 
 
+class GaussianLayout(NamedTuple):
+    """Where a Gaussian class keeps its parameters: `kind` is `"tri"` (a lower
+    Cholesky factor of the covariance in `scale`, event shape `(d,)`) or `"diag"`
+    (standard deviations in `scale`, elementwise with `loc`); `loc` and `scale`
+    name the constructor arguments; `requires` lists `(argument, value)` pairs
+    that the other arguments must equal (else it is another parameterisation)."""
+
+    kind: str
+    loc: str
+    scale: str
+    requires: tuple[tuple[str, Any], ...] = ()
+
+
 class Family(abc.ABC):
     """How eqxprob talks to one library of distributions and bijectors.
 
@@ -171,6 +184,12 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def normal(self) -> type:
         """The library's own univariate Normal class."""
+
+    def gaussians(self) -> dict[type, GaussianLayout]:
+        """The library's own Gaussian classes parameterised by a location and a
+        scale (a lower Cholesky factor or standard deviations), by class: what
+        natural gradients update. None by default."""
+        return {}
 
     def abstract_reason(self, cls: type) -> str | None:
         # (distrax.Linear is abstract without saying so.)
@@ -247,6 +266,16 @@ class _Distrax(Family):
     def normal(self) -> type:
         return distrax.Normal
 
+    def gaussians(self) -> dict[type, GaussianLayout]:
+        return {
+            # (`is_lower=False` makes `scale_tri` an upper factor: refused.)
+            distrax.MultivariateNormalTri: GaussianLayout(
+                "tri", "loc", "scale_tri", (("is_lower", True),)
+            ),
+            distrax.MultivariateNormalDiag: GaussianLayout("diag", "loc", "scale_diag"),
+            distrax.Normal: GaussianLayout("diag", "loc", "scale"),
+        }
+
     def static_floats(self, cls: type) -> frozenset[str]:
         # A spline's bounds are compared with each other in Python when it is built.
         spline = issubclass(cls, distrax.RationalQuadraticSpline)
@@ -282,6 +311,13 @@ class _TFP(Family):
 
     def normal(self) -> type:
         return tfd.Normal
+
+    def gaussians(self) -> dict[type, GaussianLayout]:
+        return {
+            tfd.MultivariateNormalTriL: GaussianLayout("tri", "loc", "scale_tril"),
+            tfd.MultivariateNormalDiag: GaussianLayout("diag", "loc", "scale_diag"),
+            tfd.Normal: GaussianLayout("diag", "loc", "scale"),
+        }
 
     def qualname(self, cls: type) -> str:
         return f"{'tfb' if issubclass(cls, tfb.Bijector) else 'tfd'}.{cls.__name__}"
@@ -371,6 +407,17 @@ class _Numpyro(Family):
 
     def normal(self) -> type:
         return require_numpyro().Normal
+
+    def gaussians(self) -> dict[type, GaussianLayout]:
+        nd = require_numpyro()
+        # (Only through `scale_tril`: a covariance or precision matrix is refused.)
+        only_tril = (("covariance_matrix", None), ("precision_matrix", None))
+        return {
+            nd.MultivariateNormal: GaussianLayout(
+                "tri", "loc", "scale_tril", only_tril
+            ),
+            nd.Normal: GaussianLayout("diag", "loc", "scale"),
+        }
 
     def static_floats(self, cls: type) -> frozenset[str]:
         dct = getattr(require_numpyro().transforms, "DiscreteCosineTransform", ())
@@ -486,6 +533,14 @@ def normal_parameters(x: Any) -> tuple[Any, Any] | None:
     if family is None or type(obj) is not family.normal():
         return None
     return obj.loc, obj.scale
+
+
+def gaussian_layout(cls: Any) -> GaussianLayout | None:
+    """The `GaussianLayout` of `cls` if it is one of the libraries' own Gaussian
+    classes (by identity: a subclass may change what its arguments mean), else
+    `None`."""
+    family = family_of(cls)
+    return None if family is None else family.gaussians().get(cls)
 
 
 def _as_int(value: Any) -> int | None:

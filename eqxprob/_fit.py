@@ -210,25 +210,32 @@ class _Problem:
         written, and `bad` is -1 if every loss and the final parameters are
         finite, else `length`. Checked, each step also asks whether its loss and
         updated parameters are finite, the parameters stop before the first
-        that is not, and `bad` is its index (-1 if none)."""
+        that is not, and `bad` is its index (-1 if none); then a fifth output
+        says which parameter leaves that step's update left finite."""
 
         def body(carry, i):
-            p, s, bad = carry
+            p, s, bad, *which = carry
             new, s, value = self.step(p, s, fixed, data, keys, start + i)
             if check:
-                finite = [jnp.all(jnp.isfinite(x)) for x in jtu.tree_leaves(new)]
-                ok = jnp.isfinite(value) & jnp.all(jnp.stack(finite)) & (bad < 0)
+                leaves = jtu.tree_leaves(new)
+                finite = jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+                ok = jnp.isfinite(value) & jnp.all(finite) & (bad < 0)
+                which = [jnp.where(~ok & (bad < 0), finite, which[0])]
                 new = jtu.tree_map(lambda a, b: jnp.where(ok, a, b), new, p)
                 bad = jnp.where(ok | (bad >= 0), bad, i)
-            return (new, s, bad), value
+            return (new, s, bad, *which), value
 
         indices = jnp.arange(length, dtype=jnp.int32)
-        (params, opt, bad), losses = jax.lax.scan(body, (params, opt, -1), indices)
+        # (checked, the carry also says which leaves the bad step left finite)
+        which = [jnp.ones(len(jtu.tree_leaves(params)), bool)] if check else []
+        (params, opt, bad, *which), losses = jax.lax.scan(
+            body, (params, opt, -1, *which), indices
+        )
         if not check:  # (once a chunk: whether to run it again, checked)
             leaves = [losses, *jtu.tree_leaves(params)]
             finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
             bad = jnp.where(finite, -1, length)
-        return params, opt, losses, bad
+        return params, opt, losses, bad, *which
 
 
 def _positive(name: str, value: Any, most: int = 2**31 - 1, of: str = "") -> int:
@@ -569,7 +576,7 @@ def fit(
             pass
     # All steps in one `lax.scan` of the caller's program; nothing reaches the
     # host (no bar, no `NonFiniteLossError`: the losses keep them).
-    params, opt, losses, _ = problem.scan(*args, start, steps)
+    params, opt, losses, *_ = problem.scan(*args, start, steps)
     out = eqx.combine(params, static), losses, FitState(opt, jnp.int32(start + steps))
     return out if return_state else out[:2]
 
@@ -605,7 +612,10 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
             programs[n, check] = _programs.program(fit_chunk, flat)
             bar.set_description_str("training", refresh=False)
         compiled, notes = programs[n, check]
-        *state, values, bad = compiled(*flat)
+        outputs = list(compiled(*flat))
+        if check:  # (which parameters the bad step's update left finite)
+            notes = {**notes, "finite": np.asarray(outputs.pop())}
+        *state, values, bad = outputs
         return state, values, int(bad), notes  # (`int` waits for the chunk)
 
     try:  # (a widget in a notebook needs ipywidgets; without it, a text bar,
@@ -628,8 +638,10 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
             if done == 2:  # (the first program remembers the length chosen)
                 seconds = (time.perf_counter() - began) / n
                 length = notes.setdefault("length", _length(seconds, chunk_size))
+            finite = None
             if bad == n:  # (not finite somewhere: the chunk again, each step checked)
-                state, values, bad, _ = run(n, check=True)
+                state, values, bad, checked = run(n, check=True)
+                finite = checked["finite"]
             host, where = (
                 np.asarray(values),
                 values.sharding if values.committed else None,
@@ -637,7 +649,7 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
             if bad >= 0:
                 losses.append(host[: bad + 1])
                 params = jtu.tree_unflatten(state_tree, state)[0]
-                raise _non_finite(params, static, done + bad, losses)
+                raise _non_finite(params, static, done + bad, losses, finite)
             flat[: len(state)] = state
             losses.append(host)
             done += n
@@ -671,10 +683,11 @@ def _gather(losses: list, where: Any) -> Array:
     return jax.device_put(values, where)
 
 
-def _non_finite(params, static, step, losses) -> Exception:
+def _non_finite(params, static, step, losses, finite=None) -> Exception:
     """The error of a fit that stopped at `step`, with the parameters before it:
     a `ValueError` naming the parameters if they are not finite (so from the
-    start), else a `NonFiniteLossError`."""
+    start), else a `NonFiniteLossError`, naming the parameters that step's
+    update left not finite (`finite`: a flag per leaf of `params`)."""
     paths = jtu.tree_flatten_with_path(params)[0]
     if bad := [label_of(k) for k, x in paths if not jnp.all(jnp.isfinite(x))]:
         return ValueError(
@@ -682,11 +695,20 @@ def _non_finite(params, static, step, losses) -> Exception:
             f"finite before step {step}. Start them finite, or keep them out of "
             "training (`ep.field(trainable=False)`, or a static field)."
         )
+    loss = losses[-1][-1]
+    what = f"the loss or its gradient is not finite at step {step} (loss = {loss})"
+    if finite is not None and not finite.all() and np.isfinite(loss):
+        names = [label_of(k) for (k, _), ok in zip(paths, finite) if not ok]
+        shown = ", ".join(f"`{name}`" for name in names[:5])
+        more = f" (and {len(names) - 5} more)" if len(names) > 5 else ""
+        what = (
+            f"the update is not finite at step {step} (loss = {loss}): it leaves "
+            f"{shown}{more} not finite"
+        )
     return NonFiniteLossError(
-        f"fit: the loss or its gradient is not finite at step {step} (loss = "
-        f"{losses[-1][-1]}); `error.model` holds the last finite parameters. Lower "
-        "the learning rate, or constrain the parameters the loss takes a log or "
-        "sqrt of (`ep.positive`).",
+        f"fit: {what}; `error.model` holds the last finite parameters. Lower the "
+        "learning rate, or constrain the parameters the loss takes a log or sqrt "
+        "of (`ep.positive`).",
         step=step,
         model=eqx.combine(params, static),
         losses=_gather(losses, None),  # (NaN among them: no multi-process put)

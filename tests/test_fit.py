@@ -178,6 +178,15 @@ def test_non_finite_loss_stops_with_the_step_and_last_finite_model():
     assert error.losses.shape == (2,) and np.isnan(error.losses[-1])
 
 
+def test_a_non_finite_update_names_the_parameters_it_leaves_not_finite():
+    model = {"a": jnp.array(1.0), "b": jnp.array(2.0)}
+    loss = lambda m: m["a"] ** 2 + jnp.sqrt(jnp.maximum(m["b"], 0.0))  # noqa: E731
+    with pytest.raises(ep.NonFiniteLossError, match="at step") as info:
+        ep.fit(model, loss, optimiser=optax.sgd(4.0), steps=4, progress=False)
+    message = str(info.value)
+    assert "leaves `['b']` not finite" in message and "`['a']`" not in message
+
+
 def test_non_finite_gradient_with_finite_loss_is_caught():
     loss = lambda x: jnp.sqrt(jnp.abs(x))  # finite at 0, gradient infinite there
     with pytest.raises(ep.NonFiniteLossError, match="at step 0"):
