@@ -29,14 +29,14 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, SupportsIndex
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import optax
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, ArrayLike, PyTree
 
 from . import _transforms
 from ._errors import is_traced
@@ -401,12 +401,12 @@ def _fraction(name: str, value: Any) -> Any:
 
 
 def natural_gradient(
-    learning_rate: float | Callable[[Array], Any],
+    learning_rate: ArrayLike | Callable[[Array], Any],
     optimiser: optax.GradientTransformation | None = None,
     *,
     where: Callable[[Any], Any] | None = None,
-    backoff: float = 0.5,
-    max_backoff: int = 5,
+    backoff: ArrayLike = 0.5,
+    max_backoff: SupportsIndex = 5,
 ) -> optax.GradientTransformationExtraArgs:
     """Natural-gradient steps for the Gaussians of a model, `optimiser` for the rest.
 

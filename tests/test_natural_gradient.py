@@ -511,7 +511,7 @@ def test_an_inner_optimiser_that_needs_the_loss_gets_it():
         )
         raw = optax.apply_updates(raw, updates)
     got = trained["kernel"]["lengthscale"].param
-    np.testing.assert_allclose(got, raw, rtol=1e-10)
+    np.testing.assert_allclose(got, np.asarray(raw), rtol=1e-10)
     assert not np.allclose(got, _normal_model()["kernel"]["lengthscale"].param)
 
 
