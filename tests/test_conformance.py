@@ -121,11 +121,24 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol, atol)
 
 
+# `make test` runs every test on every other case (in sorted order: all three
+# libraries, distributions and bijectors), `make test-slow` on the rest.
+IN_MAKE_TEST = set(NAMES[::2])
+
+
 def _grouped(names):
     """The cases as parameters, each in an xdist group of its own (`make test`
     runs `--dist=loadgroup`): one worker runs all of a case's tests, so its
     program (`_both`) is compiled once, not once per worker."""
-    return [pytest.param(n, marks=pytest.mark.xdist_group(n), id=n) for n in names]
+    return [
+        pytest.param(
+            n,
+            marks=[pytest.mark.xdist_group(n)]
+            + ([] if n in IN_MAKE_TEST else [pytest.mark.slow]),
+            id=n,
+        )
+        for n in names
+    ]
 
 
 @pytest.fixture(params=_grouped(NAMES))
@@ -276,7 +289,7 @@ def _scaled(params, factor):
 # The cases whose vmap and scan values are compared (compiled); every case is
 # traced through both (structure, shapes and dtypes, TFP's cache), which is what
 # differs between cases: the values are the program `_both` checks.
-VALUES_SAMPLED = set(NAMES[::2])
+VALUES_SAMPLED = IN_MAKE_TEST
 
 
 def test_vmap_over_stacked_wrappers_and_scan_carry(name):

@@ -398,6 +398,7 @@ def test_numpyro_constraints_map_to_ours():
 SCALAR = ["real", "positive", "nonnegative", "greater_than", "less_than", "interval"]
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(

@@ -194,6 +194,7 @@ def test_gp_training_compiles_like_hand_written_jax(examples):
         assert scan_body <= fit_body <= scan_body + 8
 
 
+@pytest.mark.slow
 def test_svgp_step_compiles_like_hand_written_jax(examples):
     """The SVGP example's gradient step (wrapped distributions, `ep.lower_cholesky`,
     the wrapper's analytic KL) calls LAPACK exactly as the same maths written by
@@ -273,6 +274,7 @@ def _on_8_devices(code: str) -> subprocess.CompletedProcess:
     return on_8_devices(code, cwd=EXAMPLES)
 
 
+@pytest.mark.slow
 def test_sharded_gp_equals_single_device_on_8_devices():
     result = _on_8_devices("import sharded_gp; print(sharded_gp.main(n=64))")
     assert "devices: 8" in result.stdout

@@ -501,6 +501,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_numpyro_round_trip_across_hash_seeds(tmp_path):
     # numpyro flattens its objects in an order set by a set of names, which
     # depends on PYTHONHASHSEED; wrapped, the order is the constructor's.
@@ -718,6 +719,7 @@ def test_pickle_round_trip():
     _close(again.log_prob(X2), d.log_prob(X2))
 
 
+@pytest.mark.slow
 def test_import_is_clean_under_warnings_as_errors_and_keeps_the_users_warnings():
     # tfp-nightly warns at import about JAX APIs it uses; `python -W error` (or a
     # project's `filterwarnings = error`) must still import eqxprob and use it, and

@@ -950,6 +950,7 @@ def test_progress_bar_shows_in_a_jupyter_kernel():
     assert "Warning" not in text  # without ipywidgets: tqdm's IProgress warning
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("the gpx.fit reference runs optax: _tree_math.py:449")
 def test_a_gpjax_model_fits_unchanged_like_gpx_fit():
     """GPJax 1.0 models (paramax-wrapped parameters) train with `ep.fit` as they
@@ -1843,6 +1844,7 @@ ep.fit(model, loss, optimiser=optax.adam(0.01), steps=36, progress=False, chunk_
 """
 
 
+@pytest.mark.slow
 def test_the_exact_gp_chunks_carry_only_the_steps_state(tmp_path):
     """The exact GP example's chunks (XLA's dump of the optimised HLO) carry
     through their loops only what a step updates (scalars: the three

@@ -175,6 +175,7 @@ def test_mean_field_guide_of_independent_normals_is_exact_in_one_step():
 # ------------------------------------------------------ GPJax 1.0's fit_natgrads
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("gpjax 1.0's objectives mix int and float arrays")
 def test_same_iterates_as_gpjax_fit_natgrads():
     key = jax.random.key(6)
@@ -493,6 +494,7 @@ def test_an_optimiser_that_would_not_see_the_gradient_is_refused(wrap):
         _fit(_normal_model(), _normal_loss, opt, steps=2)
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("optax's zoom line search mixes int32, int64")
 def test_an_inner_optimiser_that_needs_the_loss_gets_it():
     """`optax.lbfgs` for the rest gets `value=`, `grad=`, `value_fn=` of the

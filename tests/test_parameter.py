@@ -245,6 +245,7 @@ def coordinates(name, y):
     return y
 
 
+@pytest.mark.slow
 def test_check_grads_on_the_shortcut_transforms():
     """Finite differences against autodiff, in float64: forward, inverse and
     log-det of every shortcut's transform, checked together (one compilation)."""
@@ -696,6 +697,7 @@ def test_parameters_have_concrete_dtypes_and_compile_once(dtype):
 # --------------------------------------------------- transformations, storage
 
 
+@pytest.mark.slow
 def test_vmap_construction_equals_loop():
     values = jnp.array([0.1, 1.0, 7.0])
     lows = jnp.array([-1.0, 0.0, 5.0])

@@ -357,6 +357,7 @@ def test_a_vmap_over_a_value_the_loss_reads_is_the_loop_of_fits():
         )
 
 
+@pytest.mark.slow
 def test_the_loss_is_traced_once_a_call_eagerly_and_under_a_transformation():
     """A loss that reads changing state while traced (a counter here, a NumPy
     draw in practice) is traced once a call, as by `jax.jit` of a fresh
@@ -422,6 +423,7 @@ def test_a_float64_learning_rate_on_float32_parameters():
         np.testing.assert_allclose(x, ref, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion("optax's line search mixes float32 and float64")
 def test_a_line_search_in_another_precision_evaluates_the_one_trace():
     """optax's L-BFGS line search evaluates the loss at `params + step * updates`,

@@ -70,7 +70,10 @@ def _cov(q):
     return np.asarray(s @ s.T)
 
 
-@pytest.mark.parametrize("family", ["mean_field", "full_rank", "low_rank"])
+@pytest.mark.parametrize(
+    "family",
+    ["mean_field", "full_rank", pytest.param("low_rank", marks=pytest.mark.slow)],
+)
 def test_elbo_estimates_the_closed_form_elbo(family):
     with jax.enable_x64(True):
         q = ep.guide(Regression(jnp.array([0.3, -0.5])), family, init_scale=0.3)
@@ -192,6 +195,7 @@ def test_full_rank_optimum_is_the_exact_posterior():
         np.testing.assert_allclose(q.mean().w, mean, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_guides_of_equal_models_share_their_compiled_fit():
     """A fresh guide of an equal model traces to the same program as the last
     one and reuses its compiled fit; one of another start trains with it to its
@@ -471,6 +475,7 @@ def test_real_line_priors_and_constrained_fields_give_finite_elbos():
     assert np.all(np.isfinite(np.asarray(values)))
 
 
+@pytest.mark.slow
 def test_guide_checks_found_by_the_red_team():
     class B(eqx.Module):
         r: jax.Array = ep.field(prior=distrax.Gamma(2.0, 1.0))
