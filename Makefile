@@ -26,8 +26,9 @@ test: $(VENV)/.installed-test
 	$(PYRIGHT)
 	$(BIN)/python -m pytest -n 2 -m "not slow"
 
-# The tests marked `slow` (several processes, 8 devices, the NUTS example): out of
-# `make test` to keep it under 8 minutes on two cores; CI runs them (.ci/run).
+# The tests marked `slow` (several processes, 8 devices, the NUTS example, the
+# conformance matrix's other half, the longer second checks of a kind): out of
+# `make test` to keep it at five minutes on two cores; CI runs them (.ci/run).
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 -m slow
 
