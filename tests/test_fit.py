@@ -1718,7 +1718,9 @@ def test_a_checkpoint_resumes_in_a_new_process_bit_for_bit(tmp_path):
 
 
 @pytest.mark.standard_promotion("the hand-written reference runs optax directly")
-@pytest.mark.parametrize("chunk_size", [7, 200, 10_000])
+@pytest.mark.parametrize(
+    "chunk_size", [7, pytest.param(200, marks=pytest.mark.slow), 10_000]
+)
 def test_a_long_fit_in_uneven_chunks_is_the_hand_written_scan(chunk_size):
     """1,037 steps in chunks of at most `chunk_size` (and a rest), with
     minibatches and a per-step key: the losses and model of one hand-written

@@ -1180,6 +1180,7 @@ def test_numpyro_build_inside_a_transformation(transform):
         ep.FixedDistrax(nd.Laplace, jnp.zeros(n), -jnp.ones(n))
 
 
+@pytest.mark.slow
 def test_numpyro_validation_toggled_in_another_thread_leaves_no_stale_check():
     # Red team: the compiled check read numpyro's global setting under its
     # trace, so another thread turning validation off meanwhile left a check
