@@ -86,3 +86,11 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.module.__name__ == "test_conformance" and "name" in params:
             item.add_marker(pytest.mark.xdist_group(params["name"]))
+
+    # The docs site's build (one group of about a minute and a half, on one
+    # worker) first, so that it runs beside the other tests, not alone after them.
+    def last(item) -> bool:
+        group = item.get_closest_marker("xdist_group")
+        return group is None or group.args[:1] != ("docs_site",)
+
+    items.sort(key=last)  # (stable: the rest keep their order)
