@@ -44,7 +44,7 @@ from ._families import gaussian_layout
 from ._metadata import label_of
 from ._parameter import Bijector, Frozen
 from ._variational import Guide
-from ._where import step as _attribute, where_labels, where_paths
+from ._where import where_labels, where_paths
 from ._wrappers import FixedDistrax
 
 
@@ -82,23 +82,6 @@ def _is_candidate(x: Any) -> bool:
 def _is_key_path(x: Any) -> bool:
     keys = (jtu.GetAttrKey, jtu.DictKey, jtu.SequenceKey, jtu.FlattenedIndexKey)
     return isinstance(x, tuple) and all(isinstance(k, keys) for k in x)
-
-
-def _node_at(tree: PyTree, path: tuple) -> Any:
-    for key in path:
-        if isinstance(key, jtu.GetAttrKey):
-            tree = _attribute(tree, key.name)
-        elif isinstance(key, jtu.DictKey):
-            tree = tree[key.key]
-        elif isinstance(key, jtu.SequenceKey):
-            tree = tree[key.idx]
-        else:  # (a custom node's flattened index)
-            tree = _children(tree)[key.key]
-    return tree
-
-
-def _children(node: Any) -> list:
-    return jtu.tree_flatten(node, is_leaf=lambda x: x is not node)[0]
 
 
 def _describe(node: Any) -> str:
@@ -149,10 +132,12 @@ def _sites(params: PyTree, where: Any) -> list[_Site]:
                 "when `where=` selects it.)"
             )
     else:
-        paths = jtu.tree_leaves(where_paths(where, params), is_leaf=_is_key_path)
-        selected = []
-        for path in dict.fromkeys(paths):  # (in order, once each)
-            selected.append((path, _node_at(params, path)))
+        # (the selections, as `where` returns them, beside their key paths)
+        paths, shape = jtu.tree_flatten(
+            where_paths(where, params), is_leaf=_is_key_path
+        )
+        nodes = dict(zip(paths, shape.flatten_up_to(where(params))))
+        selected = list(nodes.items())  # (in order, once each)
     return [_site(path, node, positions) for path, node in selected]
 
 
