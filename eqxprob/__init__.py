@@ -19,11 +19,8 @@ from ._constraint import (
     default_bijector as default_bijector,
     register_bijector as register_bijector,
 )
-from ._fit import (
-    FitState as FitState,
-    NonFiniteLossError as NonFiniteLossError,
-    fit as fit,
-)
+from ._fit import FitState as FitState, fit as fit
+from ._fit_checks import NonFiniteLossError as NonFiniteLossError
 from ._metadata import (
     ParamSpec as ParamSpec,
     bijector_tree as bijector_tree,

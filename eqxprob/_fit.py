@@ -10,7 +10,8 @@ finite and the parameters before it (a check in every step of every chunk cost
 the VI step 5 more kernels on a GPU, `docs/performance.md`). `_programs` reuses
 a compiled chunk only for an identical lowering. Between chunks `fit` shows
 progress and stops on Ctrl-C. Under a JAX transformation the steps are one
-`lax.scan` in the caller's program instead.
+`lax.scan` in the caller's program instead. `_fit_checks` checks the arguments,
+the model and the loss's trace first, and builds the errors.
 
 The chunks of a call: two steps, two more (whose time sets the length `L` of
 the chunks that follow: the largest power of two of at most half a second,
@@ -24,9 +25,7 @@ one long fit bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
-import numbers
 import time
 import warnings
 from collections.abc import Callable
@@ -43,56 +42,11 @@ import optax
 from jax.experimental import multihost_utils
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from . import _programs, _sharding
-from ._families import family_of_instance, is_raw
-from ._metadata import label_of, unparameterized
+from . import _fit_checks as checks, _programs, _sharding
 from ._parameter import trainable
 
 
 _SECONDS = 0.5  # the most work a chunk of `L` steps holds, as timed
-# Keywords that other libraries spell differently, and what `fit` takes.
-_ALIASES = {
-    "optimizer": "`optimiser=` (British spelling)",
-    "opt": "`optimiser=`",
-    "lr": "`optimiser=optax.adam(lr)` (the learning rate is the optimiser's)",
-    "learning_rate": "`optimiser=optax.adam(learning_rate)`",
-    "num_iters": "`steps=`",
-    "steps_per_block": "nothing: chunks are `lax.scan`s of a length set by timing",
-}
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Raised by `ep.fit` when the loss or a gradient stops being finite.
-
-    **Attributes:**
-
-    - `step`: the (0-based) step of this call whose loss or gradient was not
-      finite. A non-finite gradient is seen as non-finite parameters after its
-      update, so an optimiser that repairs it (`optax.zero_nans()`) trains on,
-      and one that applies gradients later (`optax.MultiSteps`) shows it at the
-      step that applies it (its state, which holds it until then, is not
-      checked).
-    - `model`: the model at the start of that step.
-    - `losses`: the losses of steps `0 .. step`.
-
-    **Example:**
-
-    ```python
-    import jax.numpy as jnp
-    import optax
-    import eqxprob as ep
-
-    try:
-        ep.fit(jnp.array(1.0), lambda x: jnp.log(x), optimiser=optax.sgd(2.0),
-               steps=10, progress=False)
-    except ep.NonFiniteLossError as e:
-        print(e.step, e.model)  # 1 -1.0: log(-1) is nan at step 1
-    ```
-    """
-
-    def __init__(self, message: str, step: int, model: Any, losses: Array):
-        super().__init__(message)
-        self.step, self.model, self.losses = step, model, losses
 
 
 class FitState(eqx.Module):
@@ -129,7 +83,7 @@ class FitState(eqx.Module):
         """The state before the first step: `optimiser.init` of the model's
         trainable parameters (`ep.trainable`), step 0."""
         params, _ = eqx.partition(model, trainable(model))
-        return cls(_init(_optimiser(optimiser), _strong(params)), jnp.int32(0))
+        return cls(_init(checks.optimiser_of(optimiser), _strong(params)), jnp.int32(0))
 
 
 def _init(optimiser: optax.GradientTransformation, params: PyTree) -> PyTree:
@@ -161,12 +115,11 @@ class _Problem:
     batch_size: int | None
     rows: int  # (0 without data)
     takes_key: bool
-    call: str  # how `fit` calls the loss, for messages
     promotion: str  # the dtype promotion in force where `fit` was called
     skeleton: PyTree = None
-    # The loss's one trace in this call (`_trace`): a closed jaxpr of `loss_of`'s
-    # arrays, which the steps evaluate rather than the user's code, which could
-    # read other state if traced again (a random draw, say).
+    # The loss's one trace in this call (`checks.loss_trace`): a closed jaxpr
+    # of `loss_of`'s arrays, which the steps evaluate rather than the user's
+    # code, which could read other state if traced again (a random draw, say).
     traced: Any = None
 
     def loss_of(self, params, fixed, data, keys, step):
@@ -236,227 +189,6 @@ class _Problem:
             finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
             bad = jnp.where(finite, -1, length)
         return params, opt, losses, bad, *which
-
-
-def _positive(name: str, value: Any, most: int = 2**31 - 1, of: str = "") -> int:
-    """`value` checked to be an integer in `1 .. most` (`of`: `most` in words)."""
-    message = f"fit: `{name}` must be a positive integer, got {value!r}."
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(message)
-    if int(value) < 1:
-        raise ValueError(message)
-    if int(value) > most:
-        raise ValueError(f"fit: `{name}` ({value}) is more than {of}.")
-    return int(value)
-
-
-def _optimiser(optimiser: Any) -> optax.GradientTransformation:
-    """`optimiser`, or the transformation of an `optax.MultiSteps` (whose
-    `update` passes `value=`, `grad=`, `value_fn=` on, where the transformation
-    it makes with `gradient_transformation()` drops them)."""
-    if isinstance(optimiser, optax.MultiSteps):
-        update: Any = optimiser.update
-        return optax.GradientTransformationExtraArgs(optimiser.init, update)
-    if isinstance(optimiser, optax.GradientTransformation):
-        return optimiser
-    name = getattr(optimiser, "__name__", type(optimiser).__name__)
-    if callable(optimiser) and not hasattr(optimiser, "update"):
-        raise TypeError(
-            f"fit: `optimiser` is the function `{name}` itself; call it to build "
-            f"the optimiser, e.g. `optimiser=optax.{name}(1e-2)`."
-        )
-    raise TypeError(
-        f"fit: `optimiser` must be an optax `GradientTransformation` "
-        f"(e.g. `optax.adam(1e-2)`), got {name}."
-    )
-
-
-def _arguments(
-    loss_fn, optimiser, steps, data, batch_size, key, progress, unknown
-) -> tuple[int, PyTree, Any, _Problem]:
-    """`fit`'s arguments checked, with messages that say how to fix them: the
-    number of steps, the data (NumPy rows made JAX arrays, indexed by traced
-    minibatch indices), the call's two keys and the problem, yet without the
-    model."""
-    known = [*inspect.signature(fit).parameters][2:-1]
-    for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1)
-        fix = _ALIASES.get(name) or (close and f"`{close[0]}=`")
-        hint = f"did you mean {fix}?" if fix else f"it takes {', '.join(known)}."
-        raise TypeError(f"fit: unexpected keyword argument `{name}`; {hint}")
-    if optimiser is None:
-        raise TypeError("fit: `optimiser=` is required, e.g. `optax.adam(1e-2)`.")
-    steps, optimiser = _positive("steps", steps), _optimiser(optimiser)
-    if progress not in (True, False):
-        raise TypeError(f"fit: `progress` must be True or False, got {progress!r}.")
-    if not callable(loss_fn):
-        raise TypeError(f"fit: `loss_fn` must be callable, got {loss_fn!r}.")
-    try:
-        signature = inspect.signature(loss_fn)
-    except (TypeError, ValueError):
-        signature = None
-    takes_key = signature is not None and "key" in signature.parameters
-    rows = 0
-    if data is not None:
-        leaves = jtu.tree_leaves(data)
-        sizes = {x.shape[0] if eqx.is_array(x) and x.ndim else 0 for x in leaves}
-        if len(sizes) != 1 or 0 in sizes:
-            shapes = [getattr(x, "shape", type(x).__name__) for x in leaves]
-            need = "the same number of rows (leading axis, at least one)"
-            raise ValueError(f"fit: `data` must be arrays with {need}, got {shapes}.")
-        rows, data = sizes.pop(), jtu.tree_map(jnp.asarray, data)
-    if batch_size is not None:
-        if data is None:
-            raise ValueError("fit: `batch_size` needs `data` (a PyTree of arrays).")
-        of = f"the number of rows in `data` ({rows})"
-        batch_size = _positive("batch_size", batch_size, rows, of)
-    if key is None and (batch_size is not None or takes_key):
-        why = "minibatches need" if batch_size else "a loss taking `key` needs"
-        raise ValueError(f"fit: {why} a PRNG key: pass `key=jax.random.key(0)`.")
-    if key is not None and batch_size is None and not takes_key:
-        why = "used only for minibatches (`batch_size`) or a loss taking `key`"
-        raise ValueError(f"fit: `key` is {why}; this call has neither. Drop `key`.")
-    # The call's two keys, for its minibatches and for the loss, split eagerly
-    # (compiled once a process), not in every chunk: 10 fewer kernels to
-    # compile in `benchmarks/peers.py`'s VI row (`docs/performance.md`).
-    try:
-        keys = None if key is None else jax.random.split(key)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"fit: `key` must be one PRNG key, e.g. `jax.random.key(0)`, "
-            f"got {key!r} (JAX: {e})"
-        ) from None
-    call = "loss_fn(model" + ", batch" * (data is not None) + ", key=key" * takes_key
-    try:  # (a `TypeError` raised inside the loss is the user's own: not here)
-        if signature is not None:
-            keyword = {"key": None} if takes_key else {}
-            signature.bind(*[None] * (1 + (data is not None)), **keyword)
-    except TypeError as e:
-        raise TypeError(
-            f"fit: `loss_fn` cannot be called as `{call})`: {e}. With `data`, the "
-            "loss takes `(model, batch)`; without, `(model)`; add a `key` "
-            "parameter for a fresh key per step."
-        ) from None
-    promotion = jax.config.jax_numpy_dtype_promotion  # pyright: ignore[reportAttributeAccessIssue]
-    problem = _Problem(
-        loss_fn, optimiser, batch_size, rows, takes_key, call + ")", promotion
-    )
-    return steps, data, keys, problem
-
-
-def _check_model(model: PyTree) -> None:
-    """Raise for what would train wrongly or fail obscurely: a raw library
-    object in the model (numpyro's objects are proper pytrees: they train),
-    64-bit arrays while `jax_enable_x64` is off (the steps' carry would change
-    type), constrained fields holding raw arrays."""
-    leaves = jtu.tree_flatten_with_path(model, is_leaf=is_raw)[0]
-    for path, x in leaves:
-        if is_raw(x) and getattr(family_of_instance(x), "name", None) != "numpyro":
-            name, at = type(x).__name__, label_of(path)
-            raise TypeError(
-                f"fit: the model holds a raw {name} at `{at}`, whose arrays JAX cannot "
-                f"differentiate. Wrap it: `ep.FixedDistrax({name}, ...)`."
-            )
-    wide = [
-        f"`{label_of(path)}` ({x.dtype})"
-        for path, x in leaves
-        if eqx.is_array(x) and x.dtype.itemsize == 8 and x.dtype != np.complex64
-    ]
-    if wide and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]
-        raise TypeError(
-            f"fit: the model holds 64-bit arrays ({', '.join(wide[:5])}), but "
-            "`jax_enable_x64` is off, so its steps would compute in 32 bits. Fit "
-            "under `with jax.enable_x64(True):`, or cast the model: `jax.tree.map("
-            "lambda x: x.astype(jnp.float32) if eqx.is_inexact_array(x) else x, "
-            "model)`."
-        )
-    if labels := unparameterized(model):
-        names = ", ".join(f"`{label}`" for label in labels[:5])
-        more = f" (and {len(labels) - 5} more)" if len(labels) > 5 else ""
-        raise ValueError(
-            f"fit: `ep.field(constraint=...)` fields hold raw arrays ({names}{more}) "
-            "that would train unconstrained (out of their support, frozen ones "
-            "too). Call `model = ep.parameterize(model)` first, and "
-            "`ep.resolve(model)` in the loss."
-        )
-
-
-def _trace(problem: _Problem, params, fixed, data, keys) -> _Problem:
-    """`problem` with the loss traced, the one trace of the user's loss in this
-    call, checked: it returns a real scalar that reads a trainable parameter."""
-    arrays = (params, fixed, data, keys, jax.ShapeDtypeStruct((), jnp.int32))
-    try:
-        closed, out = jax.make_jaxpr(problem.loss_of, return_shape=True)(*arrays)
-    except jax.dtypes.TypePromotionError as e:  # (strict promotion: say where)
-        where: dict[str, list[str]] = {}
-        for name, tree in (("model", (params, fixed)), ("data", data)):
-            for k, x in jtu.tree_flatten_with_path(tree)[0]:
-                if eqx.is_inexact_array(x):  # (the model's paths: no partition index)
-                    label = f"`{name}{jtu.keystr(k[name == 'model' :])}`"
-                    where.setdefault(str(x.dtype), []).append(label)
-        if len(where) < 2:
-            raise
-        listed = "; ".join(f"{d}: {', '.join(p[:3])}" for d, p in sorted(where.items()))
-        raise type(e)(
-            f"fit: `{problem.call}` mixes float dtypes, which strict dtype promotion "
-            f"refuses ({listed}). Cast the model and data to one dtype, e.g. `jax."
-            "tree.map(lambda x: x.astype(jnp.float64) if eqx.is_inexact_array(x) "
-            "else x, model)`, or call fit under `jax.numpy_dtype_promotion("
-            f"'standard')`. (JAX: {e})"
-        ) from None
-    if not isinstance(out, jax.ShapeDtypeStruct):
-        raise TypeError(
-            f"fit: `{problem.call}` must return a scalar array, got "
-            f"{type(out).__name__} ({jtu.tree_structure(out)}). Return only the loss."
-        )
-    if out.shape != () or not jnp.issubdtype(out.dtype, jnp.floating):
-        raise TypeError(
-            f"fit: `{problem.call}` must return a real floating-point scalar, got "
-            f"shape {out.shape} and dtype {out.dtype}. Reduce it (e.g. `jnp.sum`) "
-            "and keep it real (`jnp.real`, `.astype(float)`)."
-        )
-    inputs = set(map(id, closed.jaxpr.invars[: len(jtu.tree_leaves(params))]))
-    used = [*closed.jaxpr.outvars, *(v for e in closed.jaxpr.eqns for v in e.invars)]
-    if not any(id(v) in inputs for v in used):
-        raise ValueError(
-            f"fit: `{problem.call}` does not depend on any trainable parameter of "
-            "the model: training would change nothing. Use the model's arrays "
-            "(Python floats are static; `ep.Frozen` values are not trained)."
-        )
-    return dataclasses.replace(problem, traced=closed)
-
-
-def _resumed(state: Any, fresh: PyTree, steps: int) -> tuple[PyTree, Any]:
-    """The optimiser state and step of `state`, checked against a fresh
-    optimiser state (`fresh`) and the call's `steps`."""
-    if not isinstance(state, FitState):
-        got = type(state).__name__
-        raise TypeError(
-            f"fit: `state` must be an `ep.FitState` (from a fit), got {got}."
-        )
-
-    def types(tree: PyTree) -> tuple:
-        leaves, treedef = jtu.tree_flatten(tree)
-        return treedef, [(jnp.shape(x), jnp.result_type(x)) for x in leaves]
-
-    if types(state.opt_state) != types(fresh):
-        raise ValueError(
-            "fit: `state` does not match this model and optimiser (another structure, "
-            "shape or dtype): pass `ep.FitState.init(model, optimiser)` or one a fit "
-            "of this model and optimiser returned."
-        )
-    step, concrete = state.step, not isinstance(state.step, jax.core.Tracer)
-    integer = jnp.shape(step) == () and jnp.issubdtype(
-        jnp.result_type(step), jnp.integer
-    )
-    if not integer or (concrete and not 0 <= int(step) < 2**31 - steps):
-        raise ValueError(
-            "fit: `state.step` must be an integer step count, 0 <= step, and "
-            f"`state.step` plus `steps` ({steps}) at most 2**31 - 1, the most steps "
-            f"a fit counts (batches and keys are drawn by int32 step number), got "
-            f"{step}. Start afresh: `ep.FitState.init`."
-        )
-    return state.opt_state, step
 
 
 def fit(
@@ -541,12 +273,13 @@ def fit(
     (arrays the loss closes over are its inputs, not part of it; see
     [the fit guide](../howto/fit.md)).
     """
-    steps, data, keys, problem = _arguments(
-        loss_fn, optimiser, steps, data, batch_size, key, progress, unknown
+    known = [*inspect.signature(fit).parameters][2:-1]
+    steps, optimiser, data, batch_size, rows, keys, takes_key, call = checks.arguments(
+        known, loss_fn, optimiser, steps, data, batch_size, key, progress, unknown
     )
     most = "1,000,000 (the default rarely needs changing: chunks are timed)"
-    chunk_size = _positive("chunk_size", chunk_size, 1_000_000, most)
-    _check_model(model)
+    chunk_size = checks.positive("chunk_size", chunk_size, 1_000_000, most)
+    checks.check_model(model)
     params, static = eqx.partition(model, trainable(model))
     if not jtu.tree_leaves(params):
         raise ValueError(
@@ -556,11 +289,19 @@ def fit(
     fixed, skeleton = eqx.partition(static, eqx.is_array)
     params, fixed, data, keys = _sharding.place_together((params, fixed, data, keys))
     params = _strong(params)
-    opt, start = _init(problem.optimiser, params), 0
+    opt, start = _init(optimiser, params), 0
     if state is not None:
-        opt, start = _resumed(state, opt, steps)
-    problem = dataclasses.replace(problem, skeleton=skeleton)
-    problem = _trace(problem, params, fixed, data, keys)
+        if not isinstance(state, FitState):
+            got = type(state).__name__
+            raise TypeError(f"fit: `state` must be an `ep.FitState`, got {got}.")
+        checks.resumed(state.opt_state, state.step, opt, steps)
+        opt, start = state.opt_state, state.step
+    promotion = jax.config.jax_numpy_dtype_promotion  # pyright: ignore[reportAttributeAccessIssue]
+    problem = _Problem(
+        loss_fn, optimiser, batch_size, rows, takes_key, promotion, skeleton
+    )
+    traced = checks.loss_trace(problem.loss_of, call, params, fixed, data, keys)
+    problem = dataclasses.replace(problem, traced=traced)
     args = (params, opt, fixed, data, keys)
     # Under a trace (`jax.jit`, `lax.scan`, ...) even an operation on concrete
     # values gives a tracer: the steps then belong in the caller's program.
@@ -649,7 +390,8 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
             if bad >= 0:
                 losses.append(host[: bad + 1])
                 params = jtu.tree_unflatten(state_tree, state)[0]
-                raise _non_finite(params, static, done + bad, losses, finite)
+                losses = np.concatenate(losses)
+                raise checks.non_finite(params, static, done + bad, losses, finite)
             flat[: len(state)] = state
             losses.append(host)
             done += n
@@ -681,35 +423,3 @@ def _gather(losses: list, where: Any) -> Array:
     """The chunks' losses (NumPy) in one array, placed at `where`."""
     values = np.concatenate(losses) if losses else np.zeros(0, jnp.result_type(float))
     return jax.device_put(values, where)
-
-
-def _non_finite(params, static, step, losses, finite=None) -> Exception:
-    """The error of a fit that stopped at `step`, with the parameters before it:
-    a `ValueError` naming the parameters if they are not finite (so from the
-    start), else a `NonFiniteLossError`, naming the parameters that step's
-    update left not finite (`finite`: a flag per leaf of `params`)."""
-    paths = jtu.tree_flatten_with_path(params)[0]
-    if bad := [label_of(k) for k, x in paths if not jnp.all(jnp.isfinite(x))]:
-        return ValueError(
-            f"fit: the trainable parameter(s) {', '.join(bad)} of the model are not "
-            f"finite before step {step}. Start them finite, or keep them out of "
-            "training (`ep.field(trainable=False)`, or a static field)."
-        )
-    loss = losses[-1][-1]
-    what = f"the loss or its gradient is not finite at step {step} (loss = {loss})"
-    if finite is not None and not finite.all() and np.isfinite(loss):
-        names = [label_of(k) for (k, _), ok in zip(paths, finite) if not ok]
-        shown = ", ".join(f"`{name}`" for name in names[:5])
-        more = f" (and {len(names) - 5} more)" if len(names) > 5 else ""
-        what = (
-            f"the update is not finite at step {step} (loss = {loss}): it leaves "
-            f"{shown}{more} not finite"
-        )
-    return NonFiniteLossError(
-        f"fit: {what}; `error.model` holds the last finite parameters. Lower the "
-        "learning rate, or constrain the parameters the loss takes a log or sqrt "
-        "of (`ep.positive`).",
-        step=step,
-        model=eqx.combine(params, static),
-        losses=_gather(losses, None),  # (NaN among them: no multi-process put)
-    )
