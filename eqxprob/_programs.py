@@ -5,7 +5,8 @@ so what runs is what the code says now. The arrays the trace closes over (its
 constants) larger than `_INLINE` bytes become inputs of the program, passed
 with this call's values; smaller ones are written into it. The lowering of
 that program to StableHLO keys the cache, with each input's type and
-placement: a hit runs the executable compiled from an identical lowering
+placement and the JAX configuration in force (`jax.config.values`): a hit
+runs the executable compiled from an identical lowering
 (`jax.jit(...).trace(...).lower().compile()`, never an old trace evaluated
 again), a miss compiles this one. The cache so holds no array of the user's:
 large ones are inputs, small ones copies inside a program, compared by value.
@@ -88,7 +89,10 @@ def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], di
     lowered = traced.lower()
     text = lowered.as_text(debug_info=False)
     placed = [(jax.typeof(x), _placement(x)) for x in [*given, *args]]
-    key = hashlib.sha256((repr(placed) + text).encode()).digest()
+    # (with the JAX configuration in force: some of it sets how XLA compiles the
+    # text, `jax_exec_time_optimization_effort` say, and none of it is shown)
+    settings = sorted(jax.config.values.items())
+    key = hashlib.sha256(repr((placed, settings, text)).encode()).digest()
     reusable = not any(word in text for word in _UNCACHEABLE)
     with _LOCK:  # (the program found, or a new one, moved to the end: last used)
         found = _PROGRAMS.pop(key, None) if reusable else None

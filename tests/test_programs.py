@@ -341,6 +341,40 @@ def test_equal_code_traced_again_compiles_nothing():
     np.testing.assert_allclose(x, [0.625, 0.625], atol=0.2)
 
 
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("jax_disable_most_optimizations", True),
+        ("jax_exec_time_optimization_effort", -0.5),
+        ("jax_compiler_enable_remat_pass", False),
+    ],
+)
+def test_a_setting_of_how_xla_compiles_compiles_its_own_program(name, value):
+    """Settings that change how XLA compiles an identical text (its options,
+    not the lowering): a program compiled under the old setting is not reused,
+    and a call back under it reuses its own."""
+
+    def run():
+        loss = lambda x: _quadratic(x, 0.25)  # noqa: E731
+        return ep.fit(
+            jnp.zeros(2), loss, optimiser=optax.sgd(0.1), steps=6, progress=False
+        )
+
+    run()
+    before = jax.config.values[name]
+    try:
+        jax.config.update(name, value)
+        with Compilations() as c:
+            x, _ = run()
+        assert c.count >= 1
+    finally:
+        jax.config.update(name, before)
+    with Compilations() as c:
+        y, _ = run()
+    assert c.count == 0
+    np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
 def test_a_vmap_over_a_value_the_loss_reads_is_the_loop_of_fits():
     targets = jnp.array([1.0, -2.0, 0.5])
     fit = lambda t: ep.fit(  # noqa: E731
