@@ -8,6 +8,7 @@ import collections
 import contextlib
 import functools
 import gc
+import os
 import types
 import weakref
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 import optax
 import pytest
 from _compiles import Compilations
+from _processes import on_8_devices, run_python
 
 import eqxprob as ep
 
@@ -605,3 +607,100 @@ def test_a_closed_over_array_is_data_not_part_of_the_program():
             x = _sgd_fit(jnp.zeros(2), lambda p, d=moved: loss(p, d), steps=200)
             np.testing.assert_allclose(x, np.mean(moved), atol=1e-3)
     assert c.count == 0
+
+
+def test_losses_reading_different_unused_leaves_train_on_their_own():
+    """Two losses whose programs differ only in which of several equal-typed
+    inputs they read (a non-trained leaf of the model, a leaf of `data`): each
+    trains on the one it reads. (`jax.jit` drops unused inputs, and the two
+    texts were then the same: the second fit ran on the first one's choice.)"""
+    model = {"x": jnp.zeros(2), "a": jnp.array([1, 1]), "b": jnp.array([5, 5])}
+    for name, target in [("a", 1.0), ("b", 5.0)]:
+        loss = lambda m, name=name: jnp.sum((m["x"] - m[name].astype(float)) ** 2)
+        fitted, _ = ep.fit(
+            model, loss, optimiser=optax.sgd(0.1), steps=50, progress=False
+        )
+        np.testing.assert_allclose(fitted["x"], target, rtol=1e-4)
+    data = {"u": jnp.full((4, 2), 2.0), "v": jnp.full((4, 2), -3.0)}
+    for name, target in [("u", 2.0), ("v", -3.0)]:
+        loss = lambda x, d, name=name: jnp.sum((x - d[name].mean(0)) ** 2)
+        x, _ = ep.fit(
+            jnp.zeros(2), loss, optimiser=optax.sgd(0.1), steps=50, progress=False,
+            data=data,
+        )  # fmt: skip
+        np.testing.assert_allclose(x, target, rtol=1e-4)
+
+
+@pytest.mark.parametrize("size", [2, 300_000])
+def test_a_loss_closing_over_a_mutable_array_reads_that_array(size):
+    """A `jax.new_ref` the loss closes over (JAX passes it to the program
+    itself): each fit reads its own, small or over 1 MiB, and keeps none."""
+
+    def fit(target):
+        ref = jax.new_ref(jnp.full(size, target))
+        loss = lambda x: jnp.sum((x - jnp.mean(ref[...])) ** 2)  # noqa: E731
+        return weakref.ref(ref), _sgd_fit(jnp.zeros(2), loss, steps=60)
+
+    for target in (1.0, 7.0):
+        gone, x = fit(target)
+        np.testing.assert_allclose(x, target, rtol=1e-3)
+        gc.collect()
+        assert gone() is None
+
+
+def test_constants_jax_binds_into_the_executable_are_not_reused():
+    """With `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1` JAX makes the constants of a
+    trace inputs it binds into the executable, outside the text: each fit still
+    trains on its own constant, and none is kept after it."""
+    code = """if True:
+        import gc, weakref
+        import jax, jax.numpy as jnp, optax
+        import eqxprob as ep
+        assert jax.config.values["jax_use_simplified_jaxpr_constants"]
+        def fit(W):
+            loss = lambda x: jnp.sum((x - W[:2]) ** 2)
+            x, _ = ep.fit(jnp.zeros(2), loss, optimiser=optax.sgd(0.1), steps=60,
+                          progress=False)
+            return x
+        first = jnp.full(16, 1.0)
+        gone = weakref.ref(first)
+        print(fit(first)[0], end=" ")
+        del first
+        gc.collect()
+        print(gone() is None, fit(jnp.full(16, 5.0))[0])
+    """
+    env = {**os.environ, "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": "1"}
+    one, freed, five = run_python("-c", code, env=env).stdout.split()
+    assert abs(float(one) - 1.0) < 1e-3 and abs(float(five) - 5.0) < 1e-3
+    assert freed == "True"
+
+
+def test_placements_on_other_devices_compile_their_own_programs():
+    """Data sharded over meshes of the same shape on other devices (or the same
+    devices in another order) run each on its own mesh, and a constant over
+    1 MiB committed to one device beside parameters on another trains as
+    `jax.jit` of the step would (the devices' ids are part of the key)."""
+    code = """if True:
+        import jax, jax.numpy as jnp, numpy as np, optax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import eqxprob as ep
+        devices = jax.devices()
+        def run(order, target):
+            mesh = jax.sharding.Mesh(np.array([devices[i] for i in order]), ("x",))
+            data = jax.device_put(jnp.full((8, 2), target), NamedSharding(mesh, P("x")))
+            x0 = jax.device_put(jnp.zeros(2), NamedSharding(mesh, P()))
+            loss = lambda x, d: jnp.sum((x - d.mean(0)) ** 2)
+            x, _ = ep.fit(x0, loss, optimiser=optax.sgd(0.1), steps=40,
+                          progress=False, data=data)
+            return float(x[0])
+        cases = [((0, 1), 1.0), ((1, 0), 3.0), ((2, 3), 5.0)]
+        print(*[run(order, target) for order, target in cases])
+        for n in (1000, 300_000):
+            big = jax.device_put(jnp.full(n, 2.0), devices[1])
+            x0 = jax.device_put(jnp.zeros(2), devices[0])
+            loss = lambda x: jnp.sum((x - jnp.mean(big)) ** 2)
+            x, _ = ep.fit(x0, loss, optimiser=optax.sgd(0.1), steps=60, progress=False)
+            print(float(x[0]))
+    """
+    values = [float(v) for v in on_8_devices(code).stdout.split()]
+    np.testing.assert_allclose(values, [1.0, 3.0, 5.0, 2.0, 2.0], rtol=2e-3)
