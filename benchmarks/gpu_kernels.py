@@ -107,6 +107,7 @@ def _fit_chunk(run: peers.Run, steps: int) -> jax.stages.Lowered:
     rest = functools.partial(captured["fn"], length=steps - 4)
     closed = jax.make_jaxpr(rest)(*captured["args"])
     evaluate, given = eqxprob._programs.hoisted(closed)
+    evaluate = eqxprob._programs._reading_all(evaluate)  # (as `program` does)
     return jax.jit(evaluate).lower(
         list(map(_gpu, given)), list(map(_gpu, captured["args"]))
     )
