@@ -8,10 +8,10 @@ Problems: logistic regression (D = 64, batch 4096), mean-field VI of its weights
 (`ep.guide`, `ep.elbo`), the SVGP example (M = 128, batch 1024) and the exact GP
 example (float32). Each variant runs once to compile, then `--rounds` timed
 calls of S and of 2S steps, interleaved. Per step is what the S more steps add
-to a call (both calls of `ep.fit` compile the same set of programs), the median
-over rounds of each round's own (in brackets the ratio of the fastest calls);
-`ep.fit`'s per call is what remains of its call of S steps (its trace and
-lowerings at every call); the whole call ratio is of the fastest calls of 2S.
+to a call (both calls of `ep.fit` compile the same set of programs), from the
+median calls (in brackets, from the fastest calls); `ep.fit`'s per call is
+what remains of its call of S steps (its trace and lowerings at every call);
+the whole call ratio is of the fastest calls of 2S.
 
 Run: `python benchmarks/fit_loop.py [--small] [--rounds R]`
 """
@@ -174,28 +174,29 @@ def main() -> None:
         for r in range(args.rounds):
             for side in order if r % 2 == 0 else order[::-1]:
                 times[side].append(_timed(sides[side]))
-        t = {side: np.array(v) for side, v in times.items()}
-        # Per step: what S more steps add to a call, from each round's own calls
-        # (interleaved, so they share the machine's state), the median over
-        # rounds: a slow spell moves one round, not the estimate. Both calls of
-        # `ep.fit` compile the same programs (two steps, a chunk, the rest), so
-        # the difference is the steps' own time, its chunks' host round trips
-        # included; what remains of a call is its own cost (trace, lowerings).
-        hand = (t["hand", 2 * steps] - t["hand", steps]) / steps
-        fit = (t["fit", 2 * steps] - t["fit", steps]) / steps
-        fastest = (t["fit", 2 * steps].min() - t["fit", steps].min()) / (
-            t["hand", 2 * steps].min() - t["hand", steps].min()
+        # Per step: what S more steps add to a call, from the median calls (a
+        # slow spell moves one round, not the median) and from the fastest
+        # (a slow spell only adds time). Both calls of `ep.fit` compile the
+        # same programs (two steps, a chunk, the rest), so the difference is the
+        # steps' own time, its chunks' host round trips included; what remains
+        # of a call is its own cost (its trace and lowerings).
+        med = {side: float(np.median(v)) for side, v in times.items()}
+        low = {side: float(np.min(v)) for side, v in times.items()}
+        hand = (med["hand", 2 * steps] - med["hand", steps]) / steps
+        fit = (med["fit", 2 * steps] - med["fit", steps]) / steps
+        fastest = (low["fit", 2 * steps] - low["fit", steps]) / (
+            low["hand", 2 * steps] - low["hand", steps]
         )
-        own = np.median(t["fit", steps] - fit * steps)
+        own = med["fit", steps] - fit * steps
         rows.append(
             [
                 name,
                 f"{steps} / {2 * steps}",
-                f"{np.median(hand) * 1e3:.4f}",
-                f"{np.median(fit) * 1e3:.4f}",
-                f"{np.median(fit / hand):.3f} ({fastest:.3f})",
+                f"{hand * 1e3:.4f}",
+                f"{fit * 1e3:.4f}",
+                f"{fit / hand:.3f} ({fastest:.3f})",
                 f"{own * 1e3:.0f}",
-                f"{t['fit', 2 * steps].min() / t['hand', 2 * steps].min():.3f}",
+                f"{low['fit', 2 * steps] / low['hand', 2 * steps]:.3f}",
             ]
         )
     device = jax.devices()[0]
