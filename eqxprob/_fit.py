@@ -390,8 +390,8 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
             if bad >= 0:
                 losses.append(host[: bad + 1])
                 params = jtu.tree_unflatten(state_tree, state)[0]
-                losses = np.concatenate(losses)
-                raise checks.non_finite(params, static, done + bad, losses, finite)
+                seen = np.concatenate(losses)
+                raise checks.non_finite(params, static, done + bad, seen, finite)
             flat[: len(state)] = state
             losses.append(host)
             done += n
