@@ -340,19 +340,22 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
     transformation."""
     flat, trees = jtu.tree_flatten((*args, np.int32(start)))
     state_tree = jtu.tree_structure(args[:2])
-    programs: dict[tuple[int, bool], Any] = {}
+    programs: dict[tuple, Any] = {}
 
     def run(n: int, check: bool = False) -> tuple[list, Array, int, dict]:
-        if (n, check) not in programs:
+        # (A chunk's outputs can come back sharded otherwise than its inputs went
+        # in, over a mesh the loss names: the next chunk then needs its program.)
+        key = (n, check, *map(_spread, flat))
+        if key not in programs:
             bar.set_description_str("compiling", refresh=shown)
 
             def fit_chunk(*xs: Any, length: int = n) -> list:
                 out = problem.scan(*jtu.tree_unflatten(trees, xs), length, check)
                 return jtu.tree_leaves(out)
 
-            programs[n, check] = _programs.program(fit_chunk, flat)
+            programs[key] = _programs.program(fit_chunk, flat)
             bar.set_description_str("training", refresh=False)
-        compiled, notes = programs[n, check]
+        compiled, notes = programs[key]
         outputs = list(compiled(*flat))
         if check:  # (which parameters the bad step's update left finite)
             notes = {**notes, "finite": np.asarray(outputs.pop())}
@@ -383,10 +386,8 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
             if bad == n:  # (not finite somewhere: the chunk again, each step checked)
                 state, values, bad, checked = run(n, check=True)
                 finite = checked["finite"]
-            host, where = (
-                np.asarray(values),
-                values.sharding if values.committed else None,
-            )
+            host = np.asarray(values)
+            where = values.sharding if values.committed else None
             if bad >= 0:
                 losses.append(host[: bad + 1])
                 params = jtu.tree_unflatten(state_tree, state)[0]
@@ -417,6 +418,11 @@ def _run(problem, model, static, args, start, steps, chunk_size, progress):
     params, opt = jtu.tree_unflatten(state_tree, flat[: state_tree.num_leaves])
     result = model if done == 0 else eqx.combine(params, static)
     return result, _gather(losses, where), FitState(opt, jnp.int32(start + done))
+
+
+def _spread(x: Any) -> Any:
+    """`x`'s sharding if it is committed to several devices, else 0."""
+    return x.sharding if getattr(x, "committed", 0) and len(x.devices()) > 1 else 0
 
 
 def _gather(losses: list, where: Any) -> Array:

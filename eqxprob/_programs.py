@@ -13,8 +13,10 @@ large ones are inputs, small ones copies inside a program, compared by value.
 
 Not cached, and compiled at every call: a lowering that holds host callbacks
 (`jax.pure_callback`, `jax.debug.print`: the text names them by index, not by
-function) or custom partitioning, or that takes inputs JAX adds itself (a
-closed-over `jax.new_ref`, constants bound into the executable). Constants of a
+function) or custom partitioning, that takes inputs JAX adds itself (a
+closed-over `jax.new_ref`, constants bound into the executable), or that runs
+on several devices none of its inputs is committed to (a mesh the loss names
+itself: the text holds its shape, not its devices). Constants of a
 `jax.jit` nested in the trace stay in that inner program, so in the key by
 value, like small ones."""
 
@@ -109,7 +111,11 @@ def program(fn: Callable[..., Any], args: list) -> tuple[Callable[..., list], di
     # constant it binds into the executable, is none of ours.)
     main = re.search(r"func\.func public @main\((.*?)\) ->", text)
     inputs = main is not None and main[1].count("%arg") == len(given) + len(args)
-    reusable = inputs and not any(word in text for word in _UNCACHEABLE)
+    # (The text names a mesh by its axes, not its devices: those come from the
+    # inputs' placement, in the key, and are unknown if none is committed.)
+    one_device = "num_partitions = 1 " in text
+    known = one_device or any(getattr(x, "committed", 0) for x in args)
+    reusable = inputs and known and not any(w in text for w in _UNCACHEABLE)
     with _LOCK:  # (the program found, or a new one, moved to the end: last used)
         found = _PROGRAMS.pop(key, None) if reusable else None
     compiled, notes = found or (lowered.compile(), {})

@@ -704,3 +704,32 @@ def test_placements_on_other_devices_compile_their_own_programs():
     """
     values = [float(v) for v in on_8_devices(code).stdout.split()]
     np.testing.assert_allclose(values, [1.0, 3.0, 5.0, 2.0, 2.0], rtol=2e-3)
+
+
+def test_a_mesh_the_loss_names_runs_on_its_own_devices():
+    """Parameters on no device of their own and a loss that shards over a mesh
+    it names: each fit runs on that mesh's devices, as `jax.jit` would (the
+    text holds a mesh's shape, not its devices), and under `jax.set_mesh` a
+    chunk whose outputs come back sharded runs the next chunk on them."""
+    code = """if True:
+        import jax, jax.numpy as jnp, numpy as np, optax
+        from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+        import eqxprob as ep
+        d = jax.devices()
+        for ids in [(0, 1), (2, 3)]:
+            s = NamedSharding(Mesh(np.array([d[i] for i in ids]), ("x",)), P("x"))
+            loss = lambda x: jnp.sum((jax.lax.with_sharding_constraint(x, s) - 2) ** 2)
+            x, _ = ep.fit(jnp.zeros(4), loss, optimiser=optax.sgd(0.1), steps=20,
+                          progress=False)
+            print(float(x[0]), *sorted(e.id for e in x.devices()))
+        mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+        loss = lambda x: jnp.sum((jax.sharding.reshard(x, P("x")) - 2.0) ** 2)
+        with jax.set_mesh(mesh):
+            x, _ = ep.fit(np.zeros(4, np.float32), loss, optimiser=optax.sgd(0.1),
+                          steps=20, progress=False)
+        print(float(x[0]))
+    """
+    lines = [line.split() for line in on_8_devices(code).stdout.splitlines()]
+    assert [line[1:] for line in lines[:2]] == [["0", "1"], ["2", "3"]]
+    values = [float(line[0]) for line in lines]
+    np.testing.assert_allclose(values, [2 * (1 - 0.8**20)] * 3, rtol=1e-4)
