@@ -37,6 +37,10 @@ _ALIASES = {
 }
 
 
+# The dtypes that `jax_enable_x64` off would narrow.
+_WIDE = tuple(map(np.dtype, (np.float64, np.int64, np.uint64, np.complex128)))
+
+
 class NonFiniteLossError(FloatingPointError):
     """Raised by `ep.fit` when the loss or a gradient stops being finite.
 
@@ -203,7 +207,7 @@ def check_model(model: PyTree) -> None:
     wide = [
         f"`{label_of(path)}` ({x.dtype})"
         for path, x in leaves
-        if eqx.is_array(x) and x.dtype.itemsize == 8 and x.dtype != np.complex64
+        if eqx.is_array(x) and x.dtype in _WIDE  # (a key's dtype is none of these)
     ]
     if wide and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]
         raise TypeError(

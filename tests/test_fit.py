@@ -1902,6 +1902,18 @@ def test_a_model_made_with_x64_on_fitted_with_it_off_names_the_leaves():
     assert trained["w"].dtype == jnp.float64
 
 
+def test_a_model_holding_a_prng_key_is_not_taken_for_64_bit():
+    """A typed key's dtype has 8 bytes, like float64's, and is no 64-bit array:
+    the model fits with `jax_enable_x64` off, its key left as it was."""
+    model = {"a": jnp.zeros(2), "k": jax.random.key(3)}
+    loss = lambda m: jnp.sum((m["a"] - 1.0) ** 2)  # noqa: E731
+    trained, _ = ep.fit(model, loss, optimiser=optax.sgd(0.1), steps=30, progress=False)
+    np.testing.assert_allclose(trained["a"], 1 - 0.8**30, rtol=1e-5)
+    assert jnp.array_equal(
+        jax.random.key_data(trained["k"]), jax.random.key_data(model["k"])
+    )
+
+
 def test_a_float32_float64_mix_names_each_dtypes_paths_and_the_fix():
     """Under strict promotion a loss that adds a float32 parameter to float64 ones
     (or data) fails in JAX without a path; fit's error lists them by dtype."""
