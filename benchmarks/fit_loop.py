@@ -13,7 +13,7 @@ median calls (in brackets, from the fastest calls); `ep.fit`'s per call is
 what remains of its call of S steps (its trace and lowerings at every call);
 the whole call ratio is of the fastest calls of 2S.
 
-Run: `python benchmarks/fit_loop.py [--small] [--rounds R]`
+Run: `python benchmarks/fit_loop.py [--small] [--rounds R] [--only mean-field]`
 """
 
 from __future__ import annotations
@@ -147,9 +147,12 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="CPU-sized problems")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--only", default="", help="problems whose name starts so")
     args = parser.parse_args()
     rows = []
     for name, model, loss, data, batch in problems(args.small):
+        if not name.startswith(args.only):
+            continue
         # (On the CPU, a call of 2S hand-written steps takes 2-5 s, so that noise
         # is small beside the S steps that the two calls differ by.)
         small_steps = 8000 if name.startswith(("logistic", "mean-field")) else 2000
