@@ -848,11 +848,17 @@ def test_keyboard_interrupt_returns_the_work_done(how):
         jax.debug.callback(interrupt)
         return (m - 1.0) ** 2
 
-    with pytest.warns(UserWarning, match="interrupted after"):
-        model, losses, state = ep.fit(
-            jnp.array(0.0), loss, optimiser=optax.sgd(0.01), steps=1000,
-            progress=False, chunk_size=8, return_state=True,
-        )  # fmt: skip
+    # (Python's own Ctrl-C handler, as in a terminal: a runner started in the
+    # background, as CI may be, inherits SIGINT ignored.)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.warns(UserWarning, match="interrupted after"):
+            model, losses, state = ep.fit(
+                jnp.array(0.0), loss, optimiser=optax.sgd(0.01), steps=1000,
+                progress=False, chunk_size=8, return_state=True,
+            )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, handler)
     assert 0 < len(losses) < 40 and int(state.step) == len(losses)
     # the returned model is exactly `len(losses)` steps of gradient descent
     np.testing.assert_allclose(model, 1 - 0.98 ** len(losses), rtol=1e-4)
