@@ -14,7 +14,7 @@ progress and stops on Ctrl-C. Under a JAX transformation the steps are one
 the model and the loss's trace first, and builds the errors.
 
 The chunks of a call: two steps, two more (whose time sets the length `L` of
-the chunks that follow: the largest power of two of at most half a second,
+the chunks that follow: the largest power of two of at most a second,
 remembered with the program of two steps), chunks of `L`, then the rest. A call
 with a new `steps` therefore compiles at most one new program, the rest. No
 chunk holds one step (a fit of one step aside): XLA compiles a loop of one step
@@ -46,7 +46,10 @@ from . import _fit_checks as checks, _programs, _sharding
 from ._parameter import trainable
 
 
-_SECONDS = 0.5  # the most work a chunk of `L` steps holds, as timed
+# The most work a chunk of `L` steps holds, as timed: with half a second, the
+# VI row of `benchmarks/fit_loop.py --small` measured 1.044 per step, with a
+# second 1.015 (one run each; round trips to the host, `docs/performance.md`).
+_SECONDS = 1.0
 
 
 class FitState(eqx.Module):
@@ -232,7 +235,7 @@ def fit(
       ipywidgets is installed, else text on stderr), which says `compiling`
       while a chunk compiles and `training` while steps run.
     - `chunk_size`: the most steps of one compiled chunk, between two progress
-      updates (chunks hold at most about half a second of steps, as timed).
+      updates (chunks hold at most about a second of steps, as timed).
     - `state`: a `FitState` to continue from (`FitState.init` or one returned).
     - `return_state`: also return the `FitState` reached.
 
